@@ -1,0 +1,82 @@
+"""GaussianModel: the raw parameters of a 3DGS scene and their activations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+MAX_SH_DEGREE = 3
+SH_REST = (MAX_SH_DEGREE + 1) ** 2 - 1
+
+
+@dataclass
+class GaussianModel:
+    """Struct of per-Gaussian tensors, stored as the optimiser sees them.
+
+    means [N,3]; quats [N,4] wxyz, unnormalised; log_scales [N,3];
+    opacity_logits [N]; sh0 [N,1,3]; shN [N,15,3]. ``sh_degree`` is the degree
+    in use (0..3); the coefficients of higher degrees are kept but ignored.
+    """
+
+    means: Tensor
+    quats: Tensor
+    log_scales: Tensor
+    opacity_logits: Tensor
+    sh0: Tensor
+    shN: Tensor
+    sh_degree: int = MAX_SH_DEGREE
+
+    PARAMETERS = ("means", "quats", "log_scales", "opacity_logits", "sh0", "shN")
+
+    def __post_init__(self) -> None:
+        n = self.means.shape[0]
+        expected = {"means": (n, 3), "quats": (n, 4), "log_scales": (n, 3),
+                    "opacity_logits": (n,), "sh0": (n, 1, 3), "shN": (n, SH_REST, 3)}
+        for name, shape in expected.items():
+            got = tuple(getattr(self, name).shape)
+            if got != shape:
+                raise ValueError(f"GaussianModel.{name} has shape {got}, expected {shape}")
+        if not 0 <= self.sh_degree <= MAX_SH_DEGREE:
+            raise ValueError(f"sh_degree must be in 0..{MAX_SH_DEGREE}, got {self.sh_degree}")
+
+    def __len__(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def scales(self) -> Tensor:
+        return torch.exp(self.log_scales)
+
+    @property
+    def opacities(self) -> Tensor:
+        return torch.sigmoid(self.opacity_logits)
+
+    @property
+    def rotations(self) -> Tensor:
+        """Unit quaternions, wxyz."""
+        return F.normalize(self.quats, dim=-1)
+
+    @property
+    def sh(self) -> Tensor:
+        """The coefficients in use, [N, (sh_degree + 1)^2, 3]."""
+        used = (self.sh_degree + 1) ** 2 - 1
+        return torch.cat([self.sh0, self.shN[:, :used]], dim=1)
+
+    def parameters(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name) for name in self.PARAMETERS}
+
+    def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "GaussianModel":
+        moved = {name: t.to(dtype=dtype, device=device) for name, t in self.parameters().items()}
+        return GaussianModel(**moved, sh_degree=self.sh_degree)
+
+    def requires_grad_(self, flag: bool = True) -> "GaussianModel":
+        for tensor in self.parameters().values():
+            tensor.requires_grad_(flag)
+        return self
+
+    def detach(self) -> "GaussianModel":
+        return GaussianModel(**{n: t.detach().clone() for n, t in self.parameters().items()},
+                             sh_degree=self.sh_degree)
+

@@ -1,0 +1,23 @@
+"""The renderer contract: ``project`` (stage 1) then ``rasterize`` (stage 2).
+
+Both stages are differentiable. ``render`` runs them for one camera.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from splatscale.data.cameras import Camera
+from splatscale.model.gaussians import GaussianModel
+from splatscale.render.projection import Splats, project
+from splatscale.render.rasterize import RenderOutput, rasterize
+
+
+def render(model: GaussianModel, camera: Camera, rows: tuple[int, int] | None = None,
+           background: Tensor | None = None) -> RenderOutput:
+    """Project ``model`` into ``camera`` and rasterize rows ``[y0, y1)`` (default all)."""
+    splats = project(model, [camera])
+    return rasterize(splats.of_camera(0), camera.width, camera.height, rows, background)
+
+
+__all__ = ["RenderOutput", "Splats", "project", "rasterize", "render"]

@@ -1,0 +1,176 @@
+"""Stage 1 of the renderer: EWA projection of Gaussians into a batch of cameras.
+
+Plain differentiable torch. Visibility is decided once for every (camera,
+Gaussian) pair without autograd; the differentiable quantities are then
+computed for the visible pairs only, so nothing invalid enters the graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from splatscale.data.cameras import Camera
+from splatscale.model.gaussians import GaussianModel
+from splatscale.render.sh import sh_to_color
+
+FRUSTUM_CLAMP = 1.3
+EPS2D = 0.3
+NEAR_PLANE = 0.01
+FAR_PLANE = 1e10
+RADIUS_SIGMAS = 3.33
+
+
+@dataclass
+class Splats:
+    """Packed projection: one row per visible (camera, Gaussian) pair, camera-major.
+
+    ``camera_offsets[c]:camera_offsets[c + 1]`` are the rows of camera c;
+    ``radii`` are the per-axis pixel half-extents of the splat's box.
+    """
+
+    camera_ids: Tensor      # [M] int64
+    gaussian_ids: Tensor    # [M] int64
+    means2d: Tensor         # [M, 2]
+    conics: Tensor          # [M, 3] inverse 2D covariance (xx, xy, yy)
+    depths: Tensor          # [M]
+    radii: Tensor           # [M, 2] int32
+    colors: Tensor          # [M, 3]
+    opacities: Tensor       # [M]
+    camera_offsets: list[int]
+    cameras: list[Camera]
+
+    def __len__(self) -> int:
+        return self.means2d.shape[0]
+
+    def of_camera(self, index: int) -> "Splats":
+        """The rows of one camera (slices keep the autograd graph)."""
+        lo, hi = self.camera_offsets[index], self.camera_offsets[index + 1]
+        return Splats(self.camera_ids[lo:hi], self.gaussian_ids[lo:hi], self.means2d[lo:hi],
+                      self.conics[lo:hi], self.depths[lo:hi], self.radii[lo:hi],
+                      self.colors[lo:hi], self.opacities[lo:hi], [0, hi - lo],
+                      [self.cameras[index]])
+
+
+def quat_to_rotmat(quats: Tensor) -> Tensor:
+    """Rotation matrices [..., 3, 3] of quaternions wxyz (normalised here)."""
+    w, x, y, z = torch.nn.functional.normalize(quats, dim=-1).unbind(-1)
+    rows = [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]
+    return torch.stack(rows, dim=-1).reshape(quats.shape[:-1] + (3, 3))
+
+
+def covariance_factor(quats: Tensor, scales: Tensor) -> Tensor:
+    """M = R S, [..., 3, 3]: the world covariance is M M^T."""
+    return quat_to_rotmat(quats) * scales[..., None, :]
+
+
+@dataclass
+class _Projected:
+    means2d: Tensor
+    cov2d: Tensor      # [..., 3] (xx, xy, yy) with eps2d added
+    depths: Tensor
+
+
+# Products with 3x3 matrices are spelled out: on CPU, batched 3x3 matmuls and
+# reductions over a dimension of size 3 cost several times more.
+
+def _row_times(row: Tensor, matrix: Tensor) -> Tensor:
+    """row [..., 3] times matrix [..., 3, 3]."""
+    return (row[..., 0:1] * matrix[..., 0, :] + row[..., 1:2] * matrix[..., 1, :]
+            + row[..., 2:3] * matrix[..., 2, :])
+
+
+def _matrix_times(matrix: Tensor, vector: Tensor) -> Tensor:
+    """matrix [..., 3, 3] times vector [..., 3]."""
+    return (matrix[..., :, 0] * vector[..., 0:1] + matrix[..., :, 1] * vector[..., 1:2]
+            + matrix[..., :, 2] * vector[..., 2:3])
+
+
+def _dot3(a: Tensor, b: Tensor) -> Tensor:
+    return a[..., 0] * b[..., 0] + a[..., 1] * b[..., 1] + a[..., 2] * b[..., 2]
+
+
+def _project_pairs(means: Tensor, factors: Tensor, viewmats: Tensor, Ks: Tensor,
+                   sizes: Tensor) -> _Projected:
+    """EWA projection, elementwise over broadcastable leading dimensions.
+
+    The 2D covariance J W M (J W M)^T is formed from its 2x3 factor J W M
+    (W the camera rotation, M = R S), which costs less than J W M M^T W^T J^T.
+    """
+    rotation, translation = viewmats[..., :3, :3], viewmats[..., :3, 3]
+    x, y, z = (_matrix_times(rotation, means) + translation).unbind(-1)
+    fx, fy, cx, cy = Ks[..., 0, 0], Ks[..., 1, 1], Ks[..., 0, 2], Ks[..., 1, 2]
+    width, height = sizes[..., 0], sizes[..., 1]
+    # Clamp to 1.3x the frustum (gsplat's limits) so the Jacobian stays sane far off-image.
+    margin = FRUSTUM_CLAMP - 1.0
+    lim_x_pos = (width - cx) / fx + margin * 0.5 * width / fx
+    lim_x_neg = cx / fx + margin * 0.5 * width / fx
+    lim_y_pos = (height - cy) / fy + margin * 0.5 * height / fy
+    lim_y_neg = cy / fy + margin * 0.5 * height / fy
+    tx = z * torch.maximum(torch.minimum(x / z, lim_x_pos), -lim_x_neg)
+    ty = z * torch.maximum(torch.minimum(y / z, lim_y_pos), -lim_y_neg)
+    # J = [[fx/z, 0, -fx tx/z^2], [0, fy/z, -fy ty/z^2]]; rows of J W:
+    jw0 = (fx / z)[..., None] * rotation[..., 0, :] - (fx * tx / (z * z))[..., None] * rotation[..., 2, :]
+    jw1 = (fy / z)[..., None] * rotation[..., 1, :] - (fy * ty / (z * z))[..., None] * rotation[..., 2, :]
+    b0, b1 = _row_times(jw0, factors), _row_times(jw1, factors)
+    cov2d = torch.stack([_dot3(b0, b0) + EPS2D, _dot3(b0, b1), _dot3(b1, b1) + EPS2D], dim=-1)
+    means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1)
+    return _Projected(means2d, cov2d, z)
+
+
+def _radii_and_visibility(proj: _Projected, sizes: Tensor) -> tuple[Tensor, Tensor]:
+    cxx, cxy, cyy = proj.cov2d.unbind(-1)
+    det = cxx * cyy - cxy * cxy
+    radii = torch.stack([torch.ceil(RADIUS_SIGMAS * torch.sqrt(cxx)),
+                         torch.ceil(RADIUS_SIGMAS * torch.sqrt(cyy))], dim=-1)
+    mx, my = proj.means2d.unbind(-1)
+    rx, ry = radii.unbind(-1)
+    visible = ((det > 0) & (proj.depths > NEAR_PLANE) & (proj.depths < FAR_PLANE)
+               & (mx + rx > 0) & (mx - rx < sizes[..., 0])
+               & (my + ry > 0) & (my - ry < sizes[..., 1]))
+    return torch.nan_to_num(radii).to(torch.int32), visible
+
+
+def _camera_tensors(cameras: Sequence[Camera], like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    to = dict(dtype=like.dtype, device=like.device)
+    viewmats = torch.stack([c.viewmat for c in cameras]).to(**to)
+    Ks = torch.stack([c.K for c in cameras]).to(**to)
+    sizes = torch.tensor([[c.width, c.height] for c in cameras], **to)
+    return viewmats, Ks, sizes
+
+
+def project(model: GaussianModel, cameras: Sequence[Camera] | Camera) -> Splats:
+    """Project every Gaussian of ``model`` into every camera; keep the visible pairs."""
+    if isinstance(cameras, Camera):
+        cameras = [cameras]
+    cameras = list(cameras)
+    viewmats, Ks, sizes = _camera_tensors(cameras, model.means)
+    factors = covariance_factor(model.quats, model.scales)
+    with torch.no_grad():
+        dense = _project_pairs(model.means[None], factors[None], viewmats[:, None],
+                               Ks[:, None], sizes[:, None])
+        radii, visible = _radii_and_visibility(dense, sizes[:, None])
+    camera_ids, gaussian_ids = visible.nonzero(as_tuple=True)
+    counts = torch.bincount(camera_ids, minlength=len(cameras)).tolist()
+    offsets = [0]
+    for count in counts:
+        offsets.append(offsets[-1] + count)
+
+    means = model.means.index_select(0, gaussian_ids)
+    proj = _project_pairs(means, factors.index_select(0, gaussian_ids),
+                          viewmats.index_select(0, camera_ids), Ks.index_select(0, camera_ids),
+                          sizes.index_select(0, camera_ids))
+    cxx, cxy, cyy = proj.cov2d.unbind(-1)
+    det = cxx * cyy - cxy * cxy
+    conics = torch.stack([cyy / det, -cxy / det, cxx / det], dim=-1)
+    centers = -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
+    view_dirs = means - centers.index_select(0, camera_ids)
+    colors = sh_to_color(model.sh.index_select(0, gaussian_ids), view_dirs)
+    return Splats(camera_ids, gaussian_ids, proj.means2d, conics, proj.depths,
+                  radii[camera_ids, gaussian_ids], colors,
+                  model.opacities.index_select(0, gaussian_ids), offsets, cameras)

@@ -1,0 +1,131 @@
+"""Stage 2 of the renderer: composite one camera's splats into a band of pixel rows."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+import torch
+from torch import Tensor
+
+from splatscale.render import cpu_kernels
+from splatscale.render.binning import TileBins, bin_tiles
+from splatscale.render.projection import Splats
+
+DEPTH_EPS = 1e-10
+
+
+@dataclass
+class RenderOutput:
+    """A rendered band: rows ``[rows[0], rows[1])`` of the image."""
+
+    rgb: Tensor     # [h, W, 3]
+    alpha: Tensor   # [h, W]
+    depth: Tensor   # [h, W] expected depth of the visible surface, 0 where empty
+    rows: tuple[int, int]
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    return t.detach().contiguous().numpy()
+
+
+def balanced_tile_order(work: np.ndarray, n_threads: int) -> np.ndarray:
+    """Tiles in an order whose n_threads contiguous chunks carry equal work.
+
+    numba's prange hands each thread one contiguous chunk, and tiles differ in
+    work by orders of magnitude; dealing the tiles, heaviest first, to the
+    threads in snake order balances the chunks.
+    """
+    order = np.argsort(-work, kind="stable")
+    n_threads = max(1, min(n_threads, len(order)))
+    padded = np.full(-(-len(order) // n_threads) * n_threads, -1)
+    padded[: len(order)] = order
+    rounds = padded.reshape(-1, n_threads)
+    rounds[1::2] = rounds[1::2, ::-1]
+    chunks = rounds.T.reshape(-1)
+    return chunks[chunks >= 0]
+
+
+def _kernel_inputs(means2d: Tensor, conics: Tensor, features: Tensor, opacities: Tensor,
+                   background: Tensor, radii: Tensor, bins: TileBins, width: int,
+                   rows: tuple[int, int]) -> list:
+    """The arguments the forward and backward kernels share, in their order."""
+    arrays = [_numpy(t) for t in (means2d, conics, opacities, features, background, radii,
+                                  bins.splat_ids, bins.offsets)]
+    arrays.append(balanced_tile_order(np.diff(arrays[-1]), numba.get_num_threads()))
+    return arrays + [bins.tiles_x, bins.tile_row0, width, rows[0], rows[1]]
+
+
+class _Composite(torch.autograd.Function):
+    """Front-to-back alpha compositing of depth-sorted splats (numba kernels)."""
+
+    @staticmethod
+    def forward(ctx, means2d: Tensor, conics: Tensor, features: Tensor, opacities: Tensor,
+                background: Tensor, radii: Tensor, bins: TileBins, width: int,
+                rows: tuple[int, int]):
+        dtype, height = means2d.dtype, rows[1] - rows[0]
+        image = torch.empty((height, width, features.shape[1]), dtype=dtype)
+        final_T = torch.empty((height, width), dtype=dtype)
+        last = torch.empty((height, width), dtype=torch.int32)
+        inputs = _kernel_inputs(means2d, conics, features, opacities, background, radii, bins,
+                                width, rows)
+        cpu_kernels.forward(*inputs, image.numpy(), final_T.numpy(), last.numpy())
+        ctx.save_for_backward(means2d, conics, features, opacities, background, radii,
+                              final_T, last)
+        ctx.bins, ctx.width, ctx.rows = bins, width, rows
+        return image, 1.0 - final_T
+
+    @staticmethod
+    def backward(ctx, v_image: Tensor, v_alpha: Tensor):
+        (means2d, conics, features, opacities, background, radii, final_T,
+         last) = ctx.saved_tensors
+        bins = ctx.bins
+        n_isects = int(bins.offsets[-1])
+        isect_grads = np.zeros((n_isects, cpu_kernels.GRAD_WIDTH),
+                               dtype=_numpy(means2d).dtype)
+        inputs = _kernel_inputs(means2d, conics, features, opacities, background, radii, bins,
+                                ctx.width, ctx.rows)
+        cpu_kernels.backward(*inputs, _numpy(final_T), _numpy(last), _numpy(v_image),
+                             _numpy(v_alpha), isect_grads)
+        per_splat = np.zeros((means2d.shape[0], isect_grads.shape[1]), isect_grads.dtype)
+        cpu_kernels.sum_per_splat(_numpy(bins.splat_ids), isect_grads, per_splat)
+        grads = torch.from_numpy(per_splat)
+        k = cpu_kernels
+        v_background = (v_image * final_T[..., None]).sum(dim=(0, 1))
+        return (grads[:, k.GRAD_MEAN:k.GRAD_MEAN + 2], grads[:, k.GRAD_CONIC:k.GRAD_CONIC + 3],
+                grads[:, k.GRAD_COLOR:], grads[:, k.GRAD_OPACITY], v_background,
+                None, None, None, None)
+
+
+def composite(means2d: Tensor, conics: Tensor, features: Tensor, opacities: Tensor,
+              background: Tensor, radii: Tensor, bins: TileBins, width: int,
+              rows: tuple[int, int]) -> tuple[Tensor, Tensor]:
+    """Composite ``features`` [M, C] of binned splats: (image [h, W, C], alpha [h, W])."""
+    return _Composite.apply(means2d, conics, features, opacities, background, radii, bins,
+                            width, rows)
+
+
+def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | None = None,
+              background: Tensor | None = None) -> RenderOutput:
+    """Render pixel rows ``[y0, y1)`` (default: all) of one camera's splats.
+
+    The band's pixels and gradients equal those rows of a full render: tiles
+    stay on the image's 16x16 grid whatever the band.
+    """
+    y0, y1 = rows if rows is not None else (0, height)
+    if not 0 <= y0 < y1 <= height:
+        raise ValueError(f"rows {rows} are not a band of an image {height} pixels high")
+    if len(splats.camera_offsets) != 2:
+        raise ValueError("rasterize takes the splats of one camera: use Splats.of_camera(i)")
+    dtype = splats.means2d.dtype
+    if background is None:
+        background = torch.zeros(3, dtype=dtype)
+    bins = bin_tiles(splats.means2d, splats.radii, splats.depths, width, (y0, y1))
+    features = torch.cat([splats.colors, splats.depths[:, None]], dim=1)
+    depth_background = torch.zeros(1, dtype=dtype)
+    image, alpha = composite(splats.means2d, splats.conics, features, splats.opacities,
+                             torch.cat([background.to(dtype), depth_background]),
+                             splats.radii, bins, width, (y0, y1))
+    depth = image[..., 3] / torch.clamp_min(alpha, DEPTH_EPS)
+    return RenderOutput(image[..., :3], alpha, depth, (y0, y1))

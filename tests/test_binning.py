@@ -1,0 +1,32 @@
+"""Tile binning against a per-splat enumeration of the tiles each box covers."""
+
+import math
+
+import torch
+
+from splatscale.render.binning import TILE_SIZE, bin_tiles
+
+
+def test_bins_hold_each_tile_splats_nearest_first():
+    g = torch.Generator().manual_seed(0)
+    n, width, height = 300, 75, 53
+    means2d = torch.rand(n, 2, generator=g) * torch.tensor([width + 40.0, height + 40.0]) - 20
+    radii = torch.randint(0, 30, (n, 2), generator=g, dtype=torch.int32)
+    depths = torch.rand(n, generator=g) * 10 + 0.1
+    rows = (7, 45)
+    bins = bin_tiles(means2d, radii, depths, width, rows)
+
+    tiles_x = math.ceil(width / TILE_SIZE)
+    row0, row1 = rows[0] // TILE_SIZE, math.ceil(rows[1] / TILE_SIZE)
+    expected = {t: [] for t in range(tiles_x * (row1 - row0))}
+    for i in torch.argsort(depths).tolist():
+        if (radii[i] <= 0).any():
+            continue
+        (mx, my), (rx, ry) = means2d[i].tolist(), radii[i].tolist()
+        for ty in range(max(row0, math.floor((my - ry) / 16)), min(row1, math.ceil((my + ry) / 16))):
+            for tx in range(max(0, math.floor((mx - rx) / 16)), min(tiles_x, math.ceil((mx + rx) / 16))):
+                expected[(ty - row0) * tiles_x + tx].append(i)
+    assert bins.tile_row0 == row0 and bins.tiles_x == tiles_x
+    for tile, splats in expected.items():
+        got = bins.splat_ids[bins.offsets[tile]:bins.offsets[tile + 1]].tolist()
+        assert got == splats, f"tile {tile}"

@@ -1,0 +1,74 @@
+"""Projection and SH colours against gsplat 1.5.3's pure-torch reference functions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from splatscale.data.cameras import Camera
+from splatscale.model.gaussians import SH_REST, GaussianModel
+from splatscale.model.init import nearest_neighbour_scales
+from splatscale.render import project
+from splatscale.render.sh import sh_to_color
+from tests.conftest import shared_path
+
+gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl",
+                                   reason="gsplat==1.5.3 (test extra) is the reference")
+
+
+@pytest.fixture(scope="module")
+def garden():
+    data = np.load(shared_path("garden_splats.npz"))
+    rng = np.random.default_rng(0)
+    keep = rng.choice(len(data["means3d"]), 30_000, replace=False)
+    means = torch.from_numpy(data["means3d"][keep].astype(np.float64))
+    n = len(means)
+    scales = nearest_neighbour_scales(means.numpy())[:, None] * rng.uniform(0.3, 3.0, (n, 3))
+    model = GaussianModel(
+        means=means,
+        quats=torch.from_numpy(rng.normal(size=(n, 4))),
+        log_scales=torch.from_numpy(np.log(scales)),
+        opacity_logits=torch.from_numpy(rng.normal(size=n)),
+        sh0=torch.from_numpy(rng.normal(size=(n, 1, 3))),
+        shN=torch.from_numpy(0.2 * rng.normal(size=(n, SH_REST, 3))),
+    )
+    width, height = int(data["width"]), int(data["height"])
+    cameras = [Camera(torch.from_numpy(v.astype(np.float64)), torch.from_numpy(k.astype(np.float64)),
+                      width, height) for v, k in zip(data["viewmats"], data["Ks"])]
+    return model, cameras
+
+
+def test_projection_matches_gsplat(garden):
+    model, cameras = garden
+    covars, _ = gsplat_torch._quat_scale_to_covar_preci(model.quats, model.scales,
+                                                        compute_preci=False)
+    viewmats = torch.stack([c.viewmat for c in cameras])
+    Ks = torch.stack([c.K for c in cameras])
+    radii, means2d, depths, conics, _ = gsplat_torch._fully_fused_projection(
+        model.means, covars, viewmats, Ks, cameras[0].width, cameras[0].height)
+    splats = project(model, cameras)
+
+    visible = (radii > 0).all(dim=-1)
+    c, g = splats.camera_ids, splats.gaussian_ids
+    assert visible.sum() == len(splats) and visible[c, g].all()
+    assert 0.05 < len(splats) / visible.numel() < 0.95, "the scene must have both kinds"
+    assert torch.equal(splats.radii, radii[c, g].to(torch.int32))
+    torch.testing.assert_close(splats.means2d, means2d[c, g], rtol=1e-10, atol=1e-8)
+    torch.testing.assert_close(splats.depths, depths[c, g], rtol=1e-12, atol=0)
+    torch.testing.assert_close(splats.conics, conics[c, g], rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(splats.opacities, torch.sigmoid(model.opacity_logits)[g])
+    assert splats.camera_offsets == [0, *torch.cumsum(visible.sum(1), 0).tolist()]
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2, 3])
+def test_sh_colors_match_gsplat(garden, degree):
+    model, cameras = garden
+    model.sh_degree = degree
+    splats = project(model, cameras)
+    centres = torch.stack([c.center for c in cameras])
+    dirs = model.means[splats.gaussian_ids] - centres[splats.camera_ids]
+    coeffs = model.sh[splats.gaussian_ids]
+    expected = torch.clamp_min(gsplat_torch._spherical_harmonics(degree, dirs, coeffs) + 0.5, 0)
+    torch.testing.assert_close(splats.colors, expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(sh_to_color(coeffs, dirs), expected, rtol=1e-10, atol=1e-12)
