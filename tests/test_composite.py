@@ -59,27 +59,37 @@ def test_forward_and_gradients_match_brute_force(seed):
     leaves = {
         "means2d": splats.means2d.clone(),
         "conics": splats.conics.clone(),
-        "features": torch.cat([splats.colors, splats.depths[:, None]], 1),
+        "colors": splats.colors.clone(),
+        "depths": splats.depths.clone(),
         "opacities": splats.opacities.clone(),
-        "background": torch.rand(4, generator=g, dtype=torch.float64),
+        "background": torch.rand(3, generator=g, dtype=torch.float64),
     }
     for leaf in leaves.values():
         leaf.requires_grad_(True)
     w, h = camera.width, camera.height
-    image_weights = torch.randn(h, w, 4, generator=g, dtype=torch.float64)
+    rgb_weights = torch.randn(h, w, 3, generator=g, dtype=torch.float64)
+    depth_weights = torch.randn(h, w, generator=g, dtype=torch.float64)
     alpha_weights = torch.randn(h, w, generator=g, dtype=torch.float64)
 
     bins = bin_tiles(splats.means2d, splats.radii, splats.depths, w, (0, h))
-    image, alpha = composite(*leaves.values(), splats.radii, bins, w, (0, h))
-    ref_image, ref_alpha = brute_force_composite(*leaves.values(), splats.depths, w, h)
+    rgb, depth_sum, alpha = composite(*leaves.values(), splats.radii, bins, w, (0, h))
+    p = leaves
+    ref_image, ref_alpha = brute_force_composite(
+        p["means2d"], p["conics"], torch.cat([p["colors"], p["depths"][:, None]], 1),
+        p["opacities"], torch.cat([p["background"], torch.zeros(1, dtype=torch.float64)]),
+        splats.depths, w, h)
+    ref_rgb, ref_depth_sum = ref_image[..., :3], ref_image[..., 3]
     assert (ref_alpha > 1 - 1e-3).any(), "some pixels must saturate"
-    torch.testing.assert_close(image, ref_image, rtol=1e-9, atol=1e-12)
-    torch.testing.assert_close(alpha, ref_alpha, rtol=1e-9, atol=1e-12)
+    for got, want in ((rgb, ref_rgb), (depth_sum, ref_depth_sum), (alpha, ref_alpha)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
 
-    ours = torch.autograd.grad((image * image_weights).sum() + (alpha * alpha_weights).sum(),
-                               list(leaves.values()))
-    reference = torch.autograd.grad((ref_image * image_weights).sum()
-                                    + (ref_alpha * alpha_weights).sum(), list(leaves.values()))
+    def loss(rgb, depth_sum, alpha):
+        return ((rgb * rgb_weights).sum() + (depth_sum * depth_weights).sum()
+                + (alpha * alpha_weights).sum())
+
+    ours = torch.autograd.grad(loss(rgb, depth_sum, alpha), list(leaves.values()))
+    reference = torch.autograd.grad(loss(ref_rgb, ref_depth_sum, ref_alpha),
+                                    list(leaves.values()))
     for name, got, want in zip(leaves, ours, reference):
         assert want.abs().max() > 0, name
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9 * want.abs().max().item(),
@@ -94,9 +104,10 @@ def test_empty_image_is_background():
     splats = project(model, [camera]).of_camera(0)
     assert len(splats) == 0
     bins = bin_tiles(splats.means2d, splats.radii, splats.depths, 20, (0, 18))
-    background = torch.tensor([0.1, 0.2, 0.3, 0.0], dtype=torch.float64)
-    features = torch.cat([splats.colors, splats.depths[:, None]], 1)
-    image, alpha = composite(splats.means2d, splats.conics, features, splats.opacities,
-                             background, splats.radii, bins, 20, (0, 18))
-    assert torch.equal(image, background.expand(18, 20, 4))
+    background = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
+    rgb, depth_sum, alpha = composite(splats.means2d, splats.conics, splats.colors,
+                                      splats.depths, splats.opacities, background,
+                                      splats.radii, bins, 20, (0, 18))
+    assert torch.equal(rgb, background.expand(18, 20, 3))
+    assert torch.equal(depth_sum, torch.zeros(18, 20, dtype=torch.float64))
     assert torch.equal(alpha, torch.zeros(18, 20, dtype=torch.float64))

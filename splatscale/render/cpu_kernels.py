@@ -32,9 +32,9 @@ T_MIN = 1e-4
 SIGMA_CAP = 10.0
 
 CHANNELS = 4  # red, green, blue, depth
-# Gradient row layout per intersection: means2d (2), conic (3), opacity (1), channels (4).
-GRAD_MEAN, GRAD_CONIC, GRAD_OPACITY, GRAD_COLOR = 0, 2, 5, 6
-GRAD_WIDTH = GRAD_COLOR + CHANNELS
+# Gradient row layout per intersection: means2d (2), conic (3), opacity, rgb (3), depth.
+GRAD_MEAN, GRAD_CONIC, GRAD_OPACITY, GRAD_COLOR, GRAD_DEPTH = 0, 2, 5, 6, 9
+GRAD_WIDTH = 10
 
 
 @intrinsic
@@ -114,14 +114,14 @@ def _pixels(lo, hi):
     return range(np.uint64(lo), np.uint64(hi))
 
 @nb.njit(inline="always", fastmath=True)
-def _blend_splat(g, means2d, conics, opacities, colors, local_k, px, py, T, live, last, acc,
-                 lo, hi):
+def _blend_splat(g, means2d, conics, opacities, colors, depths, local_k, px, py, T, live,
+                 last, acc, lo, hi):
     """Blend splat g into pixels [lo, hi); returns how many pixels it finished."""
     zero, one, half, alpha_max, alpha_min, t_min = _constants(px.dtype)
     mx, my = means2d[g, 0], means2d[g, 1]
     ca, cb, cc = conics[g, 0], conics[g, 1], conics[g, 2]
     opacity = opacities[g]
-    c0, c1, c2, c3 = colors[g, 0], colors[g, 1], colors[g, 2], colors[g, 3]
+    c0, c1, c2, c3 = colors[g, 0], colors[g, 1], colors[g, 2], depths[g]
     stopped = zero
     for p in _pixels(lo, hi):
         dx, dy = mx - px[p], my - py[p]
@@ -150,9 +150,12 @@ def _blend_splat(g, means2d, conics, opacities, colors, local_k, px, py, T, live
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
-def forward(means2d, conics, opacities, colors, background, radii, splat_ids, offsets,
-            tile_order, tiles_x, tile_row0, width, y0, y1, out_color, out_T, out_last):
-    """Composite each tile front to back; keep final T and the last splat per pixel."""
+def forward(means2d, conics, opacities, colors, depths, background, radii, splat_ids, offsets,
+            tile_order, tiles_x, tile_row0, width, y0, y1, out_rgb, out_depth, out_T, out_last):
+    """Composite each tile front to back; keep final T and the last splat per pixel.
+
+    ``out_depth`` gets the alpha-weighted depth sum (no background).
+    """
     zero, one, half, _, _, _ = _constants(means2d.dtype)
     dtype = means2d.dtype
     for i in nb.prange(tile_order.shape[0]):
@@ -178,20 +181,21 @@ def forward(means2d, conics, opacities, colors, background, radii, splat_ids, of
                 break
             g = splat_ids[k]
             lo, hi = _pixel_span(means2d[g, 1], radii[g, 1], tile_y)
-            n_live -= _blend_splat(g, means2d, conics, opacities, colors, dtype.type(k - start),
-                                   px, py, T, live, last, acc, lo, hi)
+            n_live -= _blend_splat(g, means2d, conics, opacities, colors, depths,
+                                   dtype.type(k - start), px, py, T, live, last, acc, lo, hi)
         for p in range(PIXELS):
             x, y = tile_x * TILE + p % TILE, tile_y * TILE + p // TILE
             if x < width and y0 <= y and y < y1:
-                for ch in range(CHANNELS):
-                    out_color[y - y0, x, ch] = acc[ch, p] + T[p] * background[ch]
+                for ch in range(3):
+                    out_rgb[y - y0, x, ch] = acc[ch, p] + T[p] * background[ch]
+                out_depth[y - y0, x] = acc[3, p]
                 out_T[y - y0, x] = T[p]
                 out_last[y - y0, x] = start + int(last[p])
 
 
 @nb.njit(inline="always", fastmath=True)
-def _backprop_splat(g, means2d, conics, opacities, colors, local_k, px, py, T, last, v_out,
-                    behind, tail, lo, hi, out, row):
+def _backprop_splat(g, means2d, conics, opacities, colors, depths, local_k, px, py, T, last,
+                    v_out, behind, tail, lo, hi, out, row):
     """Gradient of splat g over pixels [lo, hi), written to ``out[row]``.
 
     Un-blends the splat (T recovered by division, as the CUDA kernels do). Per
@@ -203,7 +207,7 @@ def _backprop_splat(g, means2d, conics, opacities, colors, local_k, px, py, T, l
     mx, my = means2d[g, 0], means2d[g, 1]
     ca, cb, cc = conics[g, 0], conics[g, 1], conics[g, 2]
     opacity = opacities[g]
-    c0, c1, c2, c3 = colors[g, 0], colors[g, 1], colors[g, 2], colors[g, 3]
+    c0, c1, c2, c3 = colors[g, 0], colors[g, 1], colors[g, 2], depths[g]
     v_mx = v_my = v_ca = v_cb = v_cc = v_op = v_c0 = v_c1 = v_c2 = v_c3 = zero
     for p in _pixels(lo, hi):
         dx, dy = mx - px[p], my - py[p]
@@ -244,8 +248,8 @@ def _backprop_splat(g, means2d, conics, opacities, colors, local_k, px, py, T, l
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
-def backward(means2d, conics, opacities, colors, background, radii, splat_ids, offsets,
-             tile_order, tiles_x, tile_row0, width, y0, y1, final_T, last_index, v_color,
+def backward(means2d, conics, opacities, colors, depths, background, radii, splat_ids, offsets,
+             tile_order, tiles_x, tile_row0, width, y0, y1, final_T, last_index, v_rgb, v_depth,
              v_alpha, isect_grads):
     """Walk each tile back to front, one gradient row per intersection."""
     zero, one, half, _, _, _ = _constants(means2d.dtype)
@@ -271,15 +275,16 @@ def backward(means2d, conics, opacities, colors, background, radii, splat_ids, o
                 last[p] = last_index[y - y0, x] - start
                 k_max = max(k_max, last_index[y - y0, x])
                 weighted_bg = -v_alpha[y - y0, x]
-                for ch in range(CHANNELS):
-                    v_out[ch, p] = v_color[y - y0, x, ch]
+                for ch in range(3):
+                    v_out[ch, p] = v_rgb[y - y0, x, ch]
                     weighted_bg += background[ch] * v_out[ch, p]
+                v_out[3, p] = v_depth[y - y0, x]
                 tail[p] = T[p] * weighted_bg
         for k in range(k_max, start - 1, -1):
             g = splat_ids[k]
             lo, hi = _pixel_span(means2d[g, 1], radii[g, 1], tile_y)
-            _backprop_splat(g, means2d, conics, opacities, colors, dtype.type(k - start), px,
-                            py, T, last, v_out, behind, tail, lo, hi, isect_grads, k)
+            _backprop_splat(g, means2d, conics, opacities, colors, depths, dtype.type(k - start),
+                            px, py, T, last, v_out, behind, tail, lo, hi, isect_grads, k)
 
 
 @nb.njit(cache=True)

@@ -150,27 +150,34 @@ def project(model: GaussianModel, cameras: Sequence[Camera] | Camera) -> Splats:
         cameras = [cameras]
     cameras = list(cameras)
     viewmats, Ks, sizes = _camera_tensors(cameras, model.means)
-    factors = covariance_factor(model.quats, model.scales)
     with torch.no_grad():
+        factors = covariance_factor(model.quats, model.scales)
         dense = _project_pairs(model.means[None], factors[None], viewmats[:, None],
                                Ks[:, None], sizes[:, None])
         radii, visible = _radii_and_visibility(dense, sizes[:, None])
     camera_ids, gaussian_ids = visible.nonzero(as_tuple=True)
-    counts = torch.bincount(camera_ids, minlength=len(cameras)).tolist()
-    offsets = [0]
-    for count in counts:
-        offsets.append(offsets[-1] + count)
+    offsets = [0] + torch.cumsum(torch.bincount(camera_ids, minlength=len(cameras)), 0).tolist()
 
-    means = model.means.index_select(0, gaussian_ids)
-    proj = _project_pairs(means, factors.index_select(0, gaussian_ids),
-                          viewmats.index_select(0, camera_ids), Ks.index_select(0, camera_ids),
-                          sizes.index_select(0, camera_ids))
+    # The differentiable pass sees only the visible pairs, so its cost (forward and
+    # backward) follows what is on screen, not the size of the model.
+    def per_gaussian(t: Tensor) -> Tensor:
+        return t.index_select(0, gaussian_ids)
+
+    def per_camera(t: Tensor) -> Tensor:
+        return t.index_select(0, camera_ids)
+
+    means = per_gaussian(model.means)
+    factors = covariance_factor(per_gaussian(model.quats), torch.exp(per_gaussian(model.log_scales)))
+    proj = _project_pairs(means, factors, per_camera(viewmats), per_camera(Ks), per_camera(sizes))
     cxx, cxy, cyy = proj.cov2d.unbind(-1)
     det = cxx * cyy - cxy * cxy
     conics = torch.stack([cyy / det, -cxy / det, cxx / det], dim=-1)
-    centers = -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
-    view_dirs = means - centers.index_select(0, camera_ids)
-    colors = sh_to_color(model.sh.index_select(0, gaussian_ids), view_dirs)
+    used = (model.sh_degree + 1) ** 2 - 1
+    coeffs = torch.cat([per_gaussian(model.sh0), per_gaussian(model.shN[:, :used])], dim=1)
+    view_dirs = None
+    if model.sh_degree > 0:
+        centers = -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
+        view_dirs = means - per_camera(centers)
     return Splats(camera_ids, gaussian_ids, proj.means2d, conics, proj.depths,
-                  radii[camera_ids, gaussian_ids], colors,
-                  model.opacities.index_select(0, gaussian_ids), offsets, cameras)
+                  radii[camera_ids, gaussian_ids], sh_to_color(coeffs, view_dirs),
+                  torch.sigmoid(per_gaussian(model.opacity_logits)), offsets, cameras)

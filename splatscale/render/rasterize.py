@@ -47,11 +47,11 @@ def balanced_tile_order(work: np.ndarray, n_threads: int) -> np.ndarray:
     return chunks[chunks >= 0]
 
 
-def _kernel_inputs(means2d: Tensor, conics: Tensor, features: Tensor, opacities: Tensor,
-                   background: Tensor, radii: Tensor, bins: TileBins, width: int,
-                   rows: tuple[int, int]) -> list:
+def _kernel_inputs(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
+                   opacities: Tensor, background: Tensor, radii: Tensor, bins: TileBins,
+                   width: int, rows: tuple[int, int]) -> list:
     """The arguments the forward and backward kernels share, in their order."""
-    arrays = [_numpy(t) for t in (means2d, conics, opacities, features, background, radii,
+    arrays = [_numpy(t) for t in (means2d, conics, opacities, colors, depths, background, radii,
                                   bins.splat_ids, bins.offsets)]
     arrays.append(balanced_tile_order(np.diff(arrays[-1]), numba.get_num_threads()))
     return arrays + [bins.tiles_x, bins.tile_row0, width, rows[0], rows[1]]
@@ -61,48 +61,52 @@ class _Composite(torch.autograd.Function):
     """Front-to-back alpha compositing of depth-sorted splats (numba kernels)."""
 
     @staticmethod
-    def forward(ctx, means2d: Tensor, conics: Tensor, features: Tensor, opacities: Tensor,
-                background: Tensor, radii: Tensor, bins: TileBins, width: int,
+    def forward(ctx, means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
+                opacities: Tensor, background: Tensor, radii: Tensor, bins: TileBins, width: int,
                 rows: tuple[int, int]):
         dtype, height = means2d.dtype, rows[1] - rows[0]
-        image = torch.empty((height, width, features.shape[1]), dtype=dtype)
+        rgb = torch.empty((height, width, 3), dtype=dtype)
+        depth_sum = torch.empty((height, width), dtype=dtype)
         final_T = torch.empty((height, width), dtype=dtype)
         last = torch.empty((height, width), dtype=torch.int32)
-        inputs = _kernel_inputs(means2d, conics, features, opacities, background, radii, bins,
-                                width, rows)
-        cpu_kernels.forward(*inputs, image.numpy(), final_T.numpy(), last.numpy())
-        ctx.save_for_backward(means2d, conics, features, opacities, background, radii,
+        inputs = _kernel_inputs(means2d, conics, colors, depths, opacities, background, radii,
+                                bins, width, rows)
+        cpu_kernels.forward(*inputs, rgb.numpy(), depth_sum.numpy(), final_T.numpy(),
+                            last.numpy())
+        ctx.save_for_backward(means2d, conics, colors, depths, opacities, background, radii,
                               final_T, last)
         ctx.bins, ctx.width, ctx.rows = bins, width, rows
-        return image, 1.0 - final_T
+        return rgb, depth_sum, 1.0 - final_T
 
     @staticmethod
-    def backward(ctx, v_image: Tensor, v_alpha: Tensor):
-        (means2d, conics, features, opacities, background, radii, final_T,
-         last) = ctx.saved_tensors
+    def backward(ctx, v_rgb: Tensor, v_depth_sum: Tensor, v_alpha: Tensor):
+        saved = ctx.saved_tensors
+        means2d, final_T, last = saved[0], saved[-2], saved[-1]
         bins = ctx.bins
-        n_isects = int(bins.offsets[-1])
-        isect_grads = np.zeros((n_isects, cpu_kernels.GRAD_WIDTH),
+        isect_grads = np.zeros((int(bins.offsets[-1]), cpu_kernels.GRAD_WIDTH),
                                dtype=_numpy(means2d).dtype)
-        inputs = _kernel_inputs(means2d, conics, features, opacities, background, radii, bins,
-                                ctx.width, ctx.rows)
-        cpu_kernels.backward(*inputs, _numpy(final_T), _numpy(last), _numpy(v_image),
-                             _numpy(v_alpha), isect_grads)
+        inputs = _kernel_inputs(*saved[:-2], bins, ctx.width, ctx.rows)
+        cpu_kernels.backward(*inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
+                             _numpy(v_depth_sum), _numpy(v_alpha), isect_grads)
         per_splat = np.zeros((means2d.shape[0], isect_grads.shape[1]), isect_grads.dtype)
         cpu_kernels.sum_per_splat(_numpy(bins.splat_ids), isect_grads, per_splat)
         grads = torch.from_numpy(per_splat)
         k = cpu_kernels
-        v_background = (v_image * final_T[..., None]).sum(dim=(0, 1))
+        v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
         return (grads[:, k.GRAD_MEAN:k.GRAD_MEAN + 2], grads[:, k.GRAD_CONIC:k.GRAD_CONIC + 3],
-                grads[:, k.GRAD_COLOR:], grads[:, k.GRAD_OPACITY], v_background,
-                None, None, None, None)
+                grads[:, k.GRAD_COLOR:k.GRAD_COLOR + 3], grads[:, k.GRAD_DEPTH],
+                grads[:, k.GRAD_OPACITY], v_background, None, None, None, None)
 
 
-def composite(means2d: Tensor, conics: Tensor, features: Tensor, opacities: Tensor,
-              background: Tensor, radii: Tensor, bins: TileBins, width: int,
-              rows: tuple[int, int]) -> tuple[Tensor, Tensor]:
-    """Composite ``features`` [M, C] of binned splats: (image [h, W, C], alpha [h, W])."""
-    return _Composite.apply(means2d, conics, features, opacities, background, radii, bins,
+def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
+              opacities: Tensor, background: Tensor, radii: Tensor, bins: TileBins, width: int,
+              rows: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """Composite binned splats into rows ``rows`` of the image.
+
+    Returns rgb [h, W, 3] over ``background``, the alpha-weighted depth sum
+    [h, W] and alpha [h, W].
+    """
+    return _Composite.apply(means2d, conics, colors, depths, opacities, background, radii, bins,
                             width, rows)
 
 
@@ -122,10 +126,7 @@ def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | N
     if background is None:
         background = torch.zeros(3, dtype=dtype)
     bins = bin_tiles(splats.means2d, splats.radii, splats.depths, width, (y0, y1))
-    features = torch.cat([splats.colors, splats.depths[:, None]], dim=1)
-    depth_background = torch.zeros(1, dtype=dtype)
-    image, alpha = composite(splats.means2d, splats.conics, features, splats.opacities,
-                             torch.cat([background.to(dtype), depth_background]),
-                             splats.radii, bins, width, (y0, y1))
-    depth = image[..., 3] / torch.clamp_min(alpha, DEPTH_EPS)
-    return RenderOutput(image[..., :3], alpha, depth, (y0, y1))
+    rgb, depth_sum, alpha = composite(splats.means2d, splats.conics, splats.colors,
+                                      splats.depths, splats.opacities, background.to(dtype),
+                                      splats.radii, bins, width, (y0, y1))
+    return RenderOutput(rgb, alpha, depth_sum / torch.clamp_min(alpha, DEPTH_EPS), (y0, y1))

@@ -33,11 +33,11 @@ def sh_basis(degree: int, dirs: Tensor) -> Tensor:
     return torch.stack(basis, dim=-1)
 
 
-def sh_to_color(coeffs: Tensor, view_dirs: Tensor) -> Tensor:
+def sh_to_color(coeffs: Tensor, view_dirs: Tensor | None) -> Tensor:
     """RGB of SH ``coeffs`` [..., K, 3] seen along ``view_dirs`` [..., 3].
 
-    The degree follows from K = (degree + 1)^2. As in 3DGS the result is offset
-    by 0.5 and clamped at 0.
+    The degree follows from K = (degree + 1)^2; degree 0 needs no directions.
+    As in 3DGS the result is offset by 0.5 and clamped at 0.
     """
     degree = round(coeffs.shape[-2] ** 0.5) - 1
     if (degree + 1) ** 2 != coeffs.shape[-2]:
@@ -45,6 +45,8 @@ def sh_to_color(coeffs: Tensor, view_dirs: Tensor) -> Tensor:
     if degree == 0:
         raw = SH_C0 * coeffs[..., 0, :]
     else:
+        if view_dirs is None:
+            raise ValueError(f"SH degree {degree} needs view directions")
         basis = sh_basis(degree, F.normalize(view_dirs, dim=-1))
         raw = (basis[..., :, None] * coeffs).sum(dim=-2)
     return torch.clamp_min(raw + 0.5, 0.0)
