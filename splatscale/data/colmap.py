@@ -1,32 +1,21 @@
-"""COLMAP models (binary or text), read with pycolmap."""
+"""COLMAP models (binary or text; ``sparse/0``, ``sparse`` or the folder itself)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from splatscale.data.cameras import Camera
+from splatscale.data.scene import Distortion, Scene, View
+from splatscale.data.undistort import PINHOLE_MODELS, pinhole_K, undistorted_pinhole
+from splatscale.errors import DataError
 
-PINHOLE_MODELS = ("PINHOLE", "SIMPLE_PINHOLE")
-
-
-class DataError(ValueError):
-    """Input data that cannot be used; the message names the file and the problem."""
-
-
-@dataclass
-class ColmapModel:
-    cameras: list[Camera]        # sorted by image name
-    image_names: list[str]
-    points: np.ndarray           # [P, 3] float64
-    colors: np.ndarray           # [P, 3] uint8
+IMAGE_FOLDERS = ("images",)
 
 
 def find_sparse_dir(root: Path) -> Path:
-    """The model folder of a COLMAP scene: ``sparse/0``, ``sparse`` or ``root`` itself."""
     for candidate in (root / "sparse" / "0", root / "sparse", root):
         if any((candidate / f"cameras.{ext}").exists() for ext in ("bin", "txt")):
             return candidate
@@ -34,28 +23,48 @@ def find_sparse_dir(root: Path) -> Path:
                     "sparse or the folder itself")
 
 
-def read_colmap(root: str | Path) -> ColmapModel:
-    """Cameras (world-to-camera, OpenCV axes) and the coloured SfM points of a scene."""
+def find_image_dir(root: Path, sparse: Path) -> Path:
+    for candidate in (root / "images", sparse.parent / "images", sparse.parent.parent / "images"):
+        if candidate.is_dir():
+            return candidate
+    raise DataError(f"{root}: no images folder next to the COLMAP model")
+
+
+def _view(image, intrinsics, image_dir: Path, sparse: Path) -> View:
+    path = image_dir / image.name
+    if not path.is_file():
+        raise DataError(f"{path}: image named in {sparse} is missing")
+    model = intrinsics.model.name
+    params = tuple(float(p) for p in intrinsics.params)
+    distortion = None
+    if model in PINHOLE_MODELS:
+        K, width, height = pinhole_K(model, params), intrinsics.width, intrinsics.height
+    else:
+        distortion = Distortion(model, params, intrinsics.width, intrinsics.height)
+        K_np, width, height = undistorted_pinhole(distortion)
+        K = torch.from_numpy(K_np)
+    pose = image.cam_from_world()
+    camera = Camera.from_pose(torch.from_numpy(pose.rotation.matrix()),
+                              torch.from_numpy(pose.translation), K, width, height, image.name)
+    return View(camera, path, distortion)
+
+
+def read_colmap(root: str | Path) -> Scene:
+    """Views (world-to-camera, OpenCV axes; distorted models to be undistorted) and points."""
     import pycolmap
 
-    sparse = find_sparse_dir(Path(root))
+    root = Path(root)
+    sparse = find_sparse_dir(root)
     try:
         recon = pycolmap.Reconstruction(str(sparse))
     except Exception as error:  # pycolmap raises bare RuntimeErrors on bad files
         raise DataError(f"{sparse}: unreadable COLMAP model ({error})") from None
-    cameras = []
-    for image in sorted(recon.images.values(), key=lambda im: im.name):
-        intrinsics = recon.cameras[image.camera_id]
-        model = intrinsics.model.name
-        if model not in PINHOLE_MODELS:
-            raise DataError(f"{sparse}: camera {image.camera_id} has model {model}; "
-                            f"only {', '.join(PINHOLE_MODELS)} are supported here")
-        pose = image.cam_from_world()
-        cameras.append(Camera.from_pose(
-            torch.from_numpy(pose.rotation.matrix()), torch.from_numpy(pose.translation),
-            torch.from_numpy(intrinsics.calibration_matrix()), intrinsics.width,
-            intrinsics.height, image.name))
-    points = recon.points3D.values()
+    if recon.num_images() == 0:
+        raise DataError(f"{sparse}: the COLMAP model has no images")
+    image_dir = find_image_dir(root, sparse)
+    images = sorted(recon.images.values(), key=lambda im: im.name)
+    views = [_view(im, recon.cameras[im.camera_id], image_dir, sparse) for im in images]
+    points = list(recon.points3D.values())
     xyz = np.array([p.xyz for p in points], dtype=np.float64).reshape(-1, 3)
     rgb = np.array([p.color for p in points], dtype=np.uint8).reshape(-1, 3)
-    return ColmapModel(cameras, [c.name for c in cameras], xyz, rgb)
+    return Scene(views, xyz, rgb, root)

@@ -49,3 +49,35 @@ def init_from_points(points: np.ndarray, colors: np.ndarray,
         shN=torch.zeros((n, SH_REST, 3), dtype=dtype),
         sh_degree=0,
     )
+
+
+def random_points_in_view(cameras: list, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` random points with random colours that some camera sees.
+
+    Points are drawn in a cube around the cameras' centroid, half as wide as
+    the camera rig, and kept when they land in front of a camera and inside
+    its image (3DGS draws them in a fixed cube instead, made for its synthetic scenes).
+    """
+    rng = np.random.default_rng(seed)
+    centres = np.stack([c.center.numpy() for c in cameras])
+    middle = centres.mean(axis=0)
+    half = 0.5 * max(np.linalg.norm(centres - middle, axis=1).max(), 1e-3)
+    kept: list[np.ndarray] = []
+    total = 0
+    for _ in range(100):
+        candidates = middle + rng.uniform(-half, half, (count, 3))
+        seen = np.zeros(count, dtype=bool)
+        for camera in cameras:
+            view = camera.viewmat.numpy()
+            p = candidates @ view[:3, :3].T + view[:3, 3]
+            uv = p @ camera.K.numpy().T
+            z = p[:, 2]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                u, v = uv[:, 0] / z, uv[:, 1] / z
+            seen |= (z > 0.01) & (u >= 0) & (u < camera.width) & (v >= 0) & (v < camera.height)
+        kept.append(candidates[seen])
+        total += int(seen.sum())
+        if total >= count:
+            break
+    points = np.concatenate(kept)[:count]
+    return points, rng.integers(0, 256, (len(points), 3)).astype(np.uint8)

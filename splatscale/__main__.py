@@ -1,0 +1,5 @@
+import sys
+
+from splatscale.cli import main
+
+sys.exit(main())

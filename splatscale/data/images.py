@@ -1,0 +1,137 @@
+"""ImageStore: scene images decoded lazily, kept as uint8, downscaled and cached on disk."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from splatscale.atomic import atomic_path
+from splatscale.data.cameras import Camera
+from splatscale.data.scene import Scene
+from splatscale.data.undistort import undistort_image
+from splatscale.errors import DataError
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "splatscale"
+
+
+def _decode(path: Path, background: tuple[float, float, float]) -> np.ndarray:
+    """uint8 RGB [h, w, 3]; an alpha channel is composited over ``background``."""
+    try:
+        with Image.open(path) as image:
+            image.load()
+            if image.mode in ("RGBA", "LA") or "transparency" in image.info:
+                rgba = np.asarray(image.convert("RGBA"), dtype=np.float32) / 255.0
+                bg = np.asarray(background, dtype=np.float32)
+                rgb = rgba[..., :3] * rgba[..., 3:] + bg * (1.0 - rgba[..., 3:])
+                return np.clip(np.rint(rgb * 255.0), 0, 255).astype(np.uint8)
+            return np.array(image.convert("RGB"), dtype=np.uint8)
+    except OSError as error:  # PIL's UnidentifiedImageError and truncated data are OSErrors
+        raise DataError(f"{path}: not a readable image ({error})") from None
+
+
+def write_png(array: np.ndarray, path: Path) -> None:
+    """Atomically: a half-written file must never be read back."""
+    with atomic_path(path) as tmp:
+        Image.fromarray(array).save(tmp, format="PNG")
+
+
+class ImageStore:
+    """The images of a scene at the training resolution, with matching cameras.
+
+    ``resolution`` divides every image size (1, 2, 4, 8); ``max_width`` instead
+    caps the width. Undistorted and downscaled copies are written once under
+    ``cache_dir`` and read from there afterwards; decoded images stay in memory
+    as uint8 (``keep_in_memory``).
+    """
+
+    def __init__(self, scene: Scene, resolution: int = 1, max_width: int | None = None,
+                 cache_dir: Path | None = None, background=(0.0, 0.0, 0.0),
+                 keep_in_memory: bool = True) -> None:
+        if resolution not in (1, 2, 4, 8):
+            raise ValueError(f"resolution must be 1, 2, 4 or 8, got {resolution}")
+        self.scene = scene
+        self.background = tuple(float(c) for c in background)
+        self.keep_in_memory = keep_in_memory
+        self._memory: dict[int, torch.Tensor] = {}
+        self._cameras = [self._scaled(v.camera, resolution, max_width) for v in scene.views]
+        key = hashlib.sha1(str(Path(scene.source).resolve()).encode()).hexdigest()[:16]
+        self.cache_dir = (cache_dir or default_cache_dir()) / key
+
+    @staticmethod
+    def _scaled(camera: Camera, resolution: int, max_width: int | None) -> Camera:
+        scale = 1.0 / resolution
+        if max_width is not None and camera.width * scale > max_width:
+            scale = max_width / camera.width
+        if scale == 1.0:
+            return camera
+        width, height = max(1, round(camera.width * scale)), max(1, round(camera.height * scale))
+        K = camera.K.clone()
+        K[0] *= width / camera.width
+        K[1] *= height / camera.height
+        return Camera(camera.viewmat, K, width, height, camera.name)
+
+    def __len__(self) -> int:
+        return len(self._cameras)
+
+    def camera(self, index: int) -> Camera:
+        return self._cameras[index]
+
+    def image(self, index: int, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """uint8 [h, W, 3] of view ``index``, or only its rows ``[y0, y1)``."""
+        image = self._memory.get(index)
+        if image is None:
+            image = torch.from_numpy(self._load(index))
+            if self.keep_in_memory:
+                self._memory[index] = image
+        return image if rows is None else image[rows[0]:rows[1]]
+
+    def _cache_path(self, index: int) -> Path:
+        camera = self._cameras[index]
+        name = hashlib.sha1(camera.name.encode()).hexdigest()[:16]
+        bg = "".join(f"{round(c * 255):02x}" for c in self.background)
+        return self.cache_dir / f"{camera.width}x{camera.height}_{bg}" / f"{name}.png"
+
+    def _load(self, index: int) -> np.ndarray:
+        view, camera = self.scene.views[index], self._cameras[index]
+        needs_work = view.distortion is not None or camera is not view.camera
+        cached = self._cache_path(index)
+        if needs_work and cached.is_file():
+            return _decode(cached, self.background)
+        image = _decode(view.image_path, self.background)
+        if view.distortion is not None:
+            try:
+                image = undistort_image(image, view.distortion, view.camera.K.numpy(),
+                                        view.camera.width, view.camera.height)
+            except ValueError as error:
+                raise DataError(f"{view.image_path}: {error}") from None
+        elif image.shape[:2] != (view.camera.height, view.camera.width):
+            image = self._fit(image, view, index)
+        if image.shape[:2] != (camera.height, camera.width):
+            resized = Image.fromarray(image).resize((camera.width, camera.height),
+                                                    Image.Resampling.LANCZOS)
+            image = np.asarray(resized)
+        if needs_work:
+            write_png(image, cached)
+        return image
+
+    def _fit(self, image: np.ndarray, view, index: int) -> np.ndarray:
+        """An image stored at another size than its camera: same aspect only."""
+        h, w = image.shape[:2]
+        cam = view.camera
+        if abs(w / h - cam.width / cam.height) > 0.01:
+            raise DataError(f"{view.image_path}: image is {w}x{h}, its camera says "
+                            f"{cam.width}x{cam.height}")
+        return np.asarray(Image.fromarray(image).resize((cam.width, cam.height),
+                                                        Image.Resampling.LANCZOS))
+
+    def as_float(self, index: int, rows: tuple[int, int] | None = None,
+                 dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.image(index, rows).to(dtype) / 255.0

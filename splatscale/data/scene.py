@@ -1,0 +1,54 @@
+"""A scene as read from disk: its views (camera + image file) and its points."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from splatscale.data.cameras import Camera
+
+
+@dataclass(frozen=True)
+class Distortion:
+    """A camera whose images must be undistorted to ``camera`` before use.
+
+    ``model`` and ``params`` follow COLMAP's camera models (pycolmap names).
+    """
+
+    model: str
+    params: tuple[float, ...]
+    width: int
+    height: int
+
+
+@dataclass
+class View:
+    """One image of the scene: the pinhole camera it is used with, and its file."""
+
+    camera: Camera
+    image_path: Path
+    distortion: Distortion | None = None
+
+
+@dataclass
+class Scene:
+    views: list[View]                       # sorted by image name
+    points: np.ndarray                      # [P, 3] float64, may be empty
+    colors: np.ndarray                      # [P, 3] uint8
+    source: Path
+    background: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the images' own background
+
+    def split(self, eval_split: bool, every: int = 8) -> tuple[list[int], list[int]]:
+        """(train, test) view indices: every ``every``-th view by name is a test view."""
+        indices = list(range(len(self.views)))
+        if not eval_split:
+            return indices, []
+        return ([i for i in indices if i % every != 0], [i for i in indices if i % every == 0])
+
+    def camera_extent(self) -> float:
+        """1.1 x the largest camera distance from the cameras' centroid (the 3DGS extent)."""
+        centres = np.stack([v.camera.center.numpy() for v in self.views])
+        radius = np.linalg.norm(centres - centres.mean(axis=0), axis=1).max()
+        return float(1.1 * max(radius, 1e-6))

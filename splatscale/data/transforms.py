@@ -1,0 +1,144 @@
+"""transforms.json scenes: Blender/NeRF-synthetic, instant-ngp and nerfstudio variants."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from splatscale.data.cameras import Camera
+from splatscale.data.scene import Distortion, Scene, View
+from splatscale.data.undistort import undistorted_pinhole
+from splatscale.errors import DataError
+
+SPLIT_FILES = ("transforms_train.json", "transforms_val.json", "transforms_test.json")
+IMAGE_SUFFIXES = ("", ".png", ".jpg", ".jpeg", ".JPG", ".PNG")
+
+
+def find_transforms(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    if (root / "transforms.json").is_file():
+        return [root / "transforms.json"]
+    split = [root / name for name in SPLIT_FILES if (root / name).is_file()]
+    if split:
+        return split
+    raise DataError(f"{root}: no transforms.json (nor transforms_train.json)")
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise DataError(f"{path}: not readable as JSON ({error})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list) or not meta["frames"]:
+        raise DataError(f"{path}: no 'frames' list")
+    return meta
+
+
+def _image_path(base: Path, file_path: str, source: Path) -> Path:
+    for suffix in IMAGE_SUFFIXES:
+        candidate = base / (file_path + suffix)
+        if candidate.is_file():
+            return candidate
+    raise DataError(f"{base / file_path}: image named in {source} is missing")
+
+
+def _intrinsics(meta: dict, frame: dict, image_path: Path, source: Path):
+    """(fx, fy, cx, cy, width, height, distortion params) with frame values over global."""
+    get = lambda key, default=None: frame.get(key, meta.get(key, default))  # noqa: E731
+    width, height = get("w"), get("h")
+    if width is None or height is None:
+        try:
+            with Image.open(image_path) as image:
+                width, height = image.size
+        except OSError as error:
+            raise DataError(f"{image_path}: not a readable image ({error})") from None
+    width, height = int(width), int(height)
+    if get("fl_x") is not None:
+        fx = float(get("fl_x"))
+        fy = float(get("fl_y", fx))
+    elif get("camera_angle_x") is not None:
+        fx = 0.5 * width / math.tan(0.5 * float(get("camera_angle_x")))
+        angle_y = get("camera_angle_y")
+        fy = 0.5 * height / math.tan(0.5 * float(angle_y)) if angle_y is not None else fx
+    else:
+        raise DataError(f"{source}: no focal length (fl_x or camera_angle_x)")
+    cx, cy = float(get("cx", width / 2)), float(get("cy", height / 2))
+    coefficients = {k: float(get(k, 0.0)) for k in ("k1", "k2", "k3", "k4", "p1", "p2")}
+    return fx, fy, cx, cy, width, height, coefficients, get("camera_model", "OPENCV")
+
+
+def _distortion(fx, fy, cx, cy, width, height, k: dict, camera_model: str) -> Distortion | None:
+    if not any(k.values()):
+        return None
+    if camera_model == "OPENCV_FISHEYE":
+        return Distortion("OPENCV_FISHEYE", (fx, fy, cx, cy, k["k1"], k["k2"], k["k3"], k["k4"]),
+                          width, height)
+    if k["k3"] or k["k4"]:
+        return Distortion("FULL_OPENCV", (fx, fy, cx, cy, k["k1"], k["k2"], k["p1"], k["p2"],
+                                          k["k3"], k["k4"], 0.0, 0.0), width, height)
+    return Distortion("OPENCV", (fx, fy, cx, cy, k["k1"], k["k2"], k["p1"], k["p2"]),
+                      width, height)
+
+
+def _view(meta: dict, frame: dict, base: Path, source: Path) -> View:
+    if "file_path" not in frame or "transform_matrix" not in frame:
+        raise DataError(f"{source}: a frame lacks file_path or transform_matrix")
+    path = _image_path(base, frame["file_path"], source)
+    fx, fy, cx, cy, width, height, k, model = _intrinsics(meta, frame, path, source)
+    c2w = np.array(frame["transform_matrix"], dtype=np.float64)
+    if c2w.shape != (4, 4):
+        raise DataError(f"{source}: transform_matrix of {frame['file_path']} is not 4x4")
+    c2w[:3, 1:3] *= -1  # OpenGL camera axes (y up, z back) to OpenCV (y down, z forward)
+    viewmat = torch.from_numpy(np.linalg.inv(c2w))
+    distortion = _distortion(fx, fy, cx, cy, width, height, k, model)
+    if distortion is None:
+        K = torch.tensor([[fx, 0, cx], [0, fy, cy], [0, 0, 1]], dtype=torch.float64)
+    else:
+        K_np, width, height = undistorted_pinhole(distortion)
+        K = torch.from_numpy(K_np)
+    return View(Camera(viewmat, K, width, height, str(frame["file_path"])), path, distortion)
+
+
+def _read_ply_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    from plyfile import PlyData
+
+    try:
+        vertex = PlyData.read(str(path))["vertex"]
+        xyz = np.stack([vertex["x"], vertex["y"], vertex["z"]], axis=1).astype(np.float64)
+    except (OSError, KeyError, ValueError) as error:
+        raise DataError(f"{path}: not a point cloud PLY with x, y, z ({error})") from None
+    names = vertex.data.dtype.names
+    if all(c in names for c in ("red", "green", "blue")):
+        rgb = np.stack([vertex["red"], vertex["green"], vertex["blue"]], axis=1).astype(np.uint8)
+    else:
+        rgb = np.full((len(xyz), 3), 128, np.uint8)
+    return xyz, rgb
+
+
+def read_transforms(root: str | Path) -> Scene:
+    """Views of every transforms file of the scene (train, val, test), sorted by name.
+
+    The split files of NeRF-synthetic scenes are all read; the train/test split
+    is then made by the every-8th rule like any other scene.
+    """
+    root = Path(root)
+    views, ply = [], None
+    for path in find_transforms(root):
+        meta = _load_json(path)
+        views += [_view(meta, frame, path.parent, path) for frame in meta["frames"]]
+        if meta.get("ply_file_path"):
+            ply = path.parent / meta["ply_file_path"]
+    views.sort(key=lambda v: v.camera.name)
+    if ply is not None:
+        if not ply.is_file():
+            raise DataError(f"{ply}: ply_file_path names a file that is missing")
+        points, colors = _read_ply_points(ply)
+    else:
+        points, colors = np.zeros((0, 3)), np.zeros((0, 3), np.uint8)
+    return Scene(views, points, colors, root)

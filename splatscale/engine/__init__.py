@@ -1,0 +1,79 @@
+"""Engines: how one training step is executed.
+
+The contract every engine implements (``Engine`` below) splits the work so
+that the Trainer never asks which engine it has:
+
+- The **Trainer** owns the schedule: which views form each batch, the
+  learning rates of each step, when statistics are gathered, when to densify,
+  reset opacities or raise the SH degree, evaluation, logging and checkpoints.
+  It passes each batch as target images with their cameras.
+- The **engine** owns everything per Gaussian: the parameters, their
+  gradients, the optimiser state and the densification statistics, wherever
+  they live (one device; sharded over ranks; in host memory). It hands out a
+  full model only on request (``gather_model``), for evaluation and export.
+
+One training step is, in this order (3DGS's order):
+
+1. ``forward_backward(batch, track_stats)``: render the batch, loss averaged
+   over its views, gradients; with ``track_stats`` add the views' view-space
+   gradient norms to the densification statistics. Returns ``StepResult``.
+2. optionally ``densify_and_prune(...)`` and/or ``reset_opacity()``;
+3. ``optimizer_step(learning_rates)``: Adam with the batch-size rule. A
+   parameter tensor replaced in step 2 has no gradient and is not stepped.
+
+``state_dict``/``load_state_dict`` hold everything needed to continue the run
+bit for bit (parameters, Adam state, statistics, RNG of densification).
+
+local        everything on one device (``LocalEngine``)
+distributed  Grendel: sharding, pixel partition, balancer, sparse all-to-all
+offload      GS-Scale: host store, culling, deferred CPU Adam, pipelining
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from torch import Tensor
+
+from splatscale.data.cameras import Camera
+from splatscale.model.gaussians import GaussianModel
+from splatscale.render import RenderOutput
+
+
+@dataclass
+class TrainView:
+    camera: Camera
+    target: Tensor  # float [H, W, 3] in [0, 1]
+
+
+@dataclass
+class StepResult:
+    loss: float
+    psnr: float  # mean over the batch's views
+
+
+class Engine(Protocol):
+    def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult: ...
+
+    def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
+                          min_opacity: float, prune_large: bool) -> None: ...
+
+    def reset_opacity(self) -> None: ...
+
+    def optimizer_step(self, learning_rates: dict[str, float]) -> None: ...
+
+    def set_sh_degree(self, degree: int) -> None: ...
+
+    def render(self, camera: Camera) -> RenderOutput: ...
+
+    def num_gaussians(self) -> int: ...
+
+    def gather_model(self) -> GaussianModel: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+__all__ = ["Engine", "StepResult", "TrainView"]

@@ -1,0 +1,88 @@
+"""Model files: the INRIA 3DGS PLY layout (read and write) and the .splat format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from plyfile import PlyData, PlyElement
+
+from splatscale.atomic import atomic_path
+from splatscale.errors import DataError
+from splatscale.model.gaussians import MAX_SH_DEGREE, SH_REST, GaussianModel
+from splatscale.render.sh import SH_C0
+
+BASE = (["x", "y", "z", "nx", "ny", "nz"] + [f"f_dc_{i}" for i in range(3)])
+TAIL = ["opacity"] + [f"scale_{i}" for i in range(3)] + [f"rot_{i}" for i in range(4)]
+
+
+def ply_properties(sh_coefficients: int = SH_REST) -> list[str]:
+    return BASE + [f"f_rest_{i}" for i in range(3 * sh_coefficients)] + TAIL
+
+
+def write_ply(model: GaussianModel, path: str | Path) -> None:
+    """Write ``model`` in the INRIA layout (f_rest channel-major, logit opacity, log scales)."""
+    n = len(model)
+    p = {name: t.detach().cpu().to(torch.float32).numpy() for name, t in model.parameters().items()}
+    columns = [p["means"], np.zeros((n, 3), np.float32), p["sh0"].reshape(n, 3),
+               p["shN"].transpose(0, 2, 1).reshape(n, 3 * SH_REST),
+               p["opacity_logits"][:, None], p["log_scales"], p["quats"]]
+    data = np.concatenate(columns, axis=1)
+    records = np.empty(n, dtype=[(name, "f4") for name in ply_properties()])
+    for i, name in enumerate(records.dtype.names):
+        records[name] = data[:, i]
+    with atomic_path(path) as tmp:
+        PlyData([PlyElement.describe(records, "vertex")]).write(str(tmp))
+
+
+def read_ply(path: str | Path, dtype: torch.dtype = torch.float32) -> GaussianModel:
+    """Read an INRIA-layout PLY (any SH degree 0..3; missing higher bands are zero)."""
+    path = Path(path)
+    try:
+        vertex = PlyData.read(str(path))["vertex"]
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except (OSError, KeyError, ValueError) as error:
+        raise DataError(f"{path}: not a 3DGS PLY file ({error})") from None
+    names = set(vertex.data.dtype.names)
+    missing = [name for name in BASE[:3] + BASE[6:] + TAIL if name not in names]
+    if missing:
+        raise DataError(f"{path}: missing PLY properties {', '.join(missing)}")
+    rest = sorted((n for n in names if n.startswith("f_rest_")), key=lambda n: int(n[7:]))
+    per_channel = len(rest) // 3
+    degree = round((per_channel + 1) ** 0.5) - 1
+    if len(rest) % 3 or (degree + 1) ** 2 - 1 != per_channel or degree > MAX_SH_DEGREE:
+        raise DataError(f"{path}: {len(rest)} f_rest properties is no SH degree 0..3")
+    n = len(vertex.data)
+    column = lambda *keys: np.stack([np.asarray(vertex[k], np.float64) for k in keys], 1)  # noqa: E731
+    shN = np.zeros((n, SH_REST, 3))
+    if per_channel:
+        shN[:, :per_channel] = column(*rest).reshape(n, 3, per_channel).transpose(0, 2, 1)
+    as_tensor = lambda a: torch.as_tensor(a, dtype=dtype)  # noqa: E731
+    return GaussianModel(
+        means=as_tensor(column("x", "y", "z")),
+        quats=as_tensor(column(*[f"rot_{i}" for i in range(4)])),
+        log_scales=as_tensor(column(*[f"scale_{i}" for i in range(3)])),
+        opacity_logits=as_tensor(column("opacity")[:, 0]),
+        sh0=as_tensor(column("f_dc_0", "f_dc_1", "f_dc_2"))[:, None],
+        shN=as_tensor(shN), sh_degree=degree)
+
+
+def write_splat(model: GaussianModel, path: str | Path) -> None:
+    """The 32-byte-per-Gaussian .splat format of web viewers, most important first."""
+    with torch.no_grad():
+        scales = model.scales.float()
+        opacity = model.opacities.float()
+        order = torch.argsort(-(scales.prod(dim=1) * opacity), stable=True)
+        rgb = (0.5 + SH_C0 * model.sh0[:, 0].float()).clamp(0, 1)
+        rgba = torch.cat([rgb, opacity[:, None]], 1)
+        quats = model.rotations.float()
+    records = np.zeros(len(model), dtype=[("position", "<f4", 3), ("scale", "<f4", 3),
+                                          ("rgba", "u1", 4), ("rotation", "u1", 4)])
+    records["position"] = model.means.detach().float()[order].numpy()
+    records["scale"] = scales[order].numpy()
+    records["rgba"] = (rgba[order] * 255).round().clamp(0, 255).numpy()
+    records["rotation"] = (quats[order] * 128 + 128).round().clamp(0, 255).numpy()
+    with atomic_path(path) as tmp:
+        tmp.write_bytes(records.tobytes())

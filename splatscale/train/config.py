@@ -1,0 +1,40 @@
+"""Training settings; the defaults are the original 3DGS ones."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass
+class TrainConfig:
+    iterations: int = 30_000          # images seen, whatever the batch size
+    batch_size: int = 1
+    seed: int = 0
+    ssim_weight: float = 0.2          # loss = (1 - w) L1 + w (1 - SSIM)
+    # Learning rates for batch size 1 (scaled by sqrt(B) for batches).
+    position_lr_init: float = 1.6e-4  # times the scene extent
+    position_lr_final: float = 1.6e-6
+    position_lr_max_steps: int = 30_000
+    feature_lr: float = 2.5e-3        # sh0; shN uses feature_lr / 20
+    opacity_lr: float = 0.05
+    scaling_lr: float = 5e-3
+    rotation_lr: float = 1e-3
+    # Densification, counted in images seen.
+    densify_from: int = 500
+    densify_until: int = 15_000
+    densify_interval: int = 100
+    densify_grad_threshold: float = 2e-4
+    percent_dense: float = 0.01
+    opacity_reset_interval: int = 3_000
+    prune_opacity: float = 0.005
+    sh_degree: int = 3
+    sh_degree_interval: int = 1_000
+    white_background: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})

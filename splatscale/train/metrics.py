@@ -1,0 +1,50 @@
+"""Test-view metrics: PSNR, SSIM and, where the lpips package and its weights are
+present, LPIPS (VGG, as the 3DGS paper reports it)."""
+
+from __future__ import annotations
+
+import statistics
+import warnings
+
+import torch
+from torch import Tensor
+
+from splatscale.train.loss import psnr, ssim
+
+_lpips_model = None
+_lpips_missing: str | None = None
+
+
+def _lpips():
+    """The LPIPS network, or None after saying once why it is skipped."""
+    global _lpips_model, _lpips_missing
+    if _lpips_model is None and _lpips_missing is None:
+        try:
+            import lpips
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _lpips_model = lpips.LPIPS(net="vgg", verbose=False).eval()
+        except Exception as error:  # no package, or its weights cannot be fetched offline
+            _lpips_missing = f"LPIPS skipped: {type(error).__name__}: {error}"
+            print(_lpips_missing)
+    return _lpips_model
+
+
+class ImageMetrics:
+    def __init__(self) -> None:
+        self.scores: dict[str, list[float]] = {"psnr": [], "ssim": []}
+
+    @torch.no_grad()
+    def add(self, image: Tensor, target: Tensor) -> None:
+        image, target = image.float(), target.float()
+        self.scores["psnr"].append(psnr(image, target))
+        self.scores["ssim"].append(ssim(image, target).item())
+        model = _lpips()
+        if model is not None:
+            as_input = lambda t: t.permute(2, 0, 1)[None] * 2 - 1  # noqa: E731
+            value = model(as_input(image), as_input(target)).item()
+            self.scores.setdefault("lpips", []).append(value)
+
+    def summary(self) -> dict[str, float]:
+        return {name: statistics.mean(values) for name, values in self.scores.items() if values}

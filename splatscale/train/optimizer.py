@@ -1,0 +1,78 @@
+"""Adam over the Gaussian parameters, with the batch-size rule.
+
+One group per parameter tensor, as in 3DGS. For a batch of B views (gradients
+averaged over the batch) every learning rate is multiplied by sqrt(B), the
+betas are raised to the power B and eps is divided by sqrt(B) (Grendel's rule),
+so B = 16 trains like B = 1 in 1/16 of the steps.
+
+The state (first and second moments, step count) is plain tensors keyed by
+parameter name, so densification can grow and shrink it row by row.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+BETAS = (0.9, 0.999)
+EPS = 1e-15
+
+
+@dataclass(frozen=True)
+class AdamHyper:
+    lr: float
+    beta1: float
+    beta2: float
+    eps: float
+
+
+def batch_hyperparameters(lr: float, batch_size: int, betas=BETAS, eps: float = EPS) -> AdamHyper:
+    """The Adam settings that make a batch of ``batch_size`` views act like that many steps."""
+    root = math.sqrt(batch_size)
+    return AdamHyper(lr * root, betas[0] ** batch_size, betas[1] ** batch_size, eps / root)
+
+
+class GaussianAdam:
+    """Adam, one group per named parameter; ``step`` is torch.optim.Adam's formula."""
+
+    def __init__(self, params: dict[str, Tensor], batch_size: int = 1) -> None:
+        self.params = params
+        self.batch_size = batch_size
+        self.exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
+        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
+        self.steps = {n: 0 for n in params}
+
+    def hyper(self, lr: float) -> AdamHyper:
+        return batch_hyperparameters(lr, self.batch_size)
+
+    @torch.no_grad()
+    def step(self, learning_rates: dict[str, float]) -> None:
+        for name, param in self.params.items():
+            if param.grad is None:
+                continue
+            h = self.hyper(learning_rates[name])
+            self.steps[name] += 1
+            t = self.steps[name]
+            m, v = self.exp_avg[name], self.exp_avg_sq[name]
+            m.lerp_(param.grad, 1 - h.beta1)
+            v.mul_(h.beta2).addcmul_(param.grad, param.grad, value=1 - h.beta2)
+            bias1, bias2 = 1 - h.beta1 ** t, 1 - h.beta2 ** t
+            denom = (v.sqrt() / math.sqrt(bias2)).add_(h.eps)
+            param.addcdiv_(m, denom, value=-h.lr / bias1)
+
+    def zero_grad(self) -> None:
+        for param in self.params.values():
+            param.grad = None
+
+    def state_dict(self) -> dict:
+        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "steps": self.steps,
+                "batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.exp_avg = {n: t.clone() for n, t in state["exp_avg"].items()}
+        self.exp_avg_sq = {n: t.clone() for n, t in state["exp_avg_sq"].items()}
+        self.steps = dict(state["steps"])
+        self.batch_size = state["batch_size"]

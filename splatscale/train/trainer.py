@@ -1,0 +1,204 @@
+"""The Trainer: batches, schedules, evaluation, logging, outputs and checkpoints."""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from splatscale.atomic import write_json
+from splatscale.data.images import ImageStore, write_png
+from splatscale.data.scene import Scene
+from splatscale.engine import Engine, TrainView
+from splatscale.engine.local import LocalEngine
+from splatscale.errors import DataError
+from splatscale.model import init_from_points
+from splatscale.model.init import random_points_in_view
+from splatscale.model.ply import write_ply
+from splatscale.train import metrics
+from splatscale.train.checkpoint import load_checkpoint, save_checkpoint
+from splatscale.train.config import TrainConfig
+from splatscale.train.schedule import crossed_multiple, crosses, position_lr
+
+RANDOM_INIT_POINTS = 100_000
+
+
+@dataclass
+class RunOptions:
+    """Where and how often the Trainer writes, beyond the training settings."""
+
+    output: Path
+    eval_split: bool = False
+    eval_every: int = 0           # images; 0: only at the end
+    save_at: list[int] = field(default_factory=list)
+    checkpoint_every: int = 1000  # images; 0: only at the end
+    log_every: int = 10           # steps
+    progress: bool = True
+
+
+def initial_model(scene: Scene, seed: int):
+    points, colors = scene.points, scene.colors
+    if len(points) == 0:
+        points, colors = random_points_in_view([v.camera for v in scene.views],
+                                               RANDOM_INIT_POINTS, seed)
+    return init_from_points(points, colors)
+
+
+class Trainer:
+    def __init__(self, scene: Scene, store: ImageStore, config: TrainConfig,
+                 options: RunOptions, engine: Engine | None = None) -> None:
+        self.scene, self.store, self.config, self.options = scene, store, config, options
+        self.train_ids, self.test_ids = scene.split(options.eval_split)
+        if not self.train_ids:
+            raise DataError(f"{scene.source}: no training views")
+        self.extent = scene.camera_extent()
+        white = config.white_background or scene.background == (1.0, 1.0, 1.0)
+        self.background = torch.ones(3) if white else torch.zeros(3)
+        self.engine = engine or LocalEngine(initial_model(scene, config.seed), config.batch_size,
+                                            self.background, config.ssim_weight, config.seed)
+        self.images_seen = 0
+        self.steps = 0
+        self.sh_degree = 0
+        self.engine.set_sh_degree(0)
+        self.train_seconds = 0.0
+        self.order = torch.Generator().manual_seed(config.seed)
+        self.queue: list[int] = []
+
+    # -- schedule -------------------------------------------------------------------
+
+    def _next_batch(self) -> list[int]:
+        batch = []
+        while len(batch) < self.config.batch_size:
+            if not self.queue:
+                perm = torch.randperm(len(self.train_ids), generator=self.order).tolist()
+                self.queue = [self.train_ids[i] for i in perm]
+            batch.append(self.queue.pop())
+        return batch
+
+    def learning_rates(self, image: int) -> dict[str, float]:
+        c = self.config
+        return {"means": position_lr(image, c.position_lr_init * self.extent,
+                                     c.position_lr_final * self.extent, c.position_lr_max_steps),
+                "sh0": c.feature_lr, "shN": c.feature_lr / 20, "opacity_logits": c.opacity_lr,
+                "log_scales": c.scaling_lr, "quats": c.rotation_lr}
+
+    def train_step(self) -> dict:
+        c, engine = self.config, self.engine
+        before, after = self.images_seen, self.images_seen + c.batch_size
+        if crosses(before, after, c.sh_degree_interval) and self.sh_degree < c.sh_degree:
+            self.sh_degree += 1
+            engine.set_sh_degree(self.sh_degree)
+        batch = [TrainView(self.store.camera(i), self.store.as_float(i))
+                 for i in self._next_batch()]
+        densifying = after < c.densify_until
+        result = engine.forward_backward(batch, track_stats=densifying)
+        if densifying:
+            event = crossed_multiple(before, after, c.densify_interval)
+            if event is not None and event > c.densify_from:
+                engine.densify_and_prune(c.densify_grad_threshold, c.percent_dense, self.extent,
+                                         c.prune_opacity, event > c.opacity_reset_interval)
+            white_start = c.white_background and before < c.densify_from <= after
+            if crosses(before, after, c.opacity_reset_interval) or white_start:
+                engine.reset_opacity()
+        engine.optimizer_step(self.learning_rates(before + 1))
+        self.images_seen, self.steps = after, self.steps + 1
+        return {"step": self.steps, "images": after, "loss": result.loss, "psnr": result.psnr,
+                "num_gaussians": engine.num_gaussians()}
+
+    # -- the run --------------------------------------------------------------------
+
+    def run(self) -> dict:
+        o, c = self.options, self.config
+        total_steps = math.ceil(c.iterations / c.batch_size)
+        bar = tqdm(total=total_steps, initial=self.steps, disable=not o.progress,
+                   unit="step", dynamic_ncols=True)
+        log_path = o.output / "metrics.jsonl"
+        while self.steps < total_steps:
+            before = self.images_seen
+            start = time.perf_counter()
+            entry = self.train_step()
+            self.train_seconds += time.perf_counter() - start
+            entry["images_per_second"] = self.images_seen / max(self.train_seconds, 1e-9)
+            bar.update(1)
+            bar.set_postfix(loss=f"{entry['loss']:.4f}", psnr=f"{entry['psnr']:.2f}",
+                            gaussians=entry["num_gaussians"],
+                            img_s=f"{entry['images_per_second']:.1f}")
+            if self.steps % o.log_every == 0 or self.steps == total_steps:
+                _append_jsonl(log_path, entry)
+            self._periodic(before, log_path)
+        bar.close()
+        return self.finish()
+
+    def _periodic(self, before: int, log_path: Path) -> None:
+        o, after = self.options, self.images_seen
+        for mark in o.save_at:
+            if before < mark <= after:
+                write_ply(self.engine.gather_model(), o.output / f"point_cloud_{mark}.ply")
+        if o.eval_every and self.test_ids and crosses(before, after, o.eval_every):
+            _append_jsonl(log_path, {"images": after, "test": self.evaluate()})
+        if o.checkpoint_every and crosses(before, after, o.checkpoint_every):
+            self.save_checkpoint()
+
+    def evaluate(self, ids: list[int] | None = None, render_dir: Path | None = None) -> dict:
+        ids = self.test_ids if ids is None else ids
+        scores = metrics.ImageMetrics()
+        for i in ids:
+            out = self.engine.render(self.store.camera(i))
+            image = out.rgb.clamp(0, 1)
+            scores.add(image, self.store.as_float(i))
+            if render_dir is not None:
+                name = Path(self.store.camera(i).name).stem + ".png"
+                write_png((image * 255).round().to(torch.uint8).numpy(), render_dir / name)
+        return scores.summary()
+
+    def finish(self) -> dict:
+        o = self.options
+        write_ply(self.engine.gather_model(), o.output / "point_cloud.ply")
+        self.save_checkpoint()
+        report = {
+            "num_gaussians": self.engine.num_gaussians(),
+            "iterations": self.images_seen,
+            "steps": self.steps,
+            "batch_size": self.config.batch_size,
+            "images_per_second": self.images_seen / max(self.train_seconds, 1e-9),
+            "iterations_per_second": self.steps / max(self.train_seconds, 1e-9),
+            "wall_seconds": self.train_seconds,
+            "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+        if self.test_ids:
+            report["test"] = self.evaluate(render_dir=o.output / "renders" / "test")
+            _append_jsonl(o.output / "metrics.jsonl", {"images": self.images_seen,
+                                                       "test": report["test"]})
+        write_json(o.output / "report.json", report)
+        return report
+
+    # -- checkpoints ------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"images_seen": self.images_seen, "steps": self.steps, "sh_degree": self.sh_degree,
+                "train_seconds": self.train_seconds, "order": self.order.get_state(),
+                "queue": list(self.queue), "config": self.config.to_dict()}
+
+    def save_checkpoint(self) -> None:
+        save_checkpoint(self.options.output / "checkpoint.pt", self.state_dict(),
+                        self.engine.state_dict())
+
+    def resume(self, path: Path) -> None:
+        state, engine_state = load_checkpoint(path)
+        self.engine.load_state_dict(engine_state)
+        self.images_seen, self.steps = state["images_seen"], state["steps"]
+        self.sh_degree = state["sh_degree"]
+        self.train_seconds = state["train_seconds"]
+        self.order.set_state(state["order"])
+        self.queue = list(state["queue"])
+
+
+def _append_jsonl(path: Path, entry: dict) -> None:
+    with open(path, "a") as handle:
+        handle.write(json.dumps(entry) + "\n")
