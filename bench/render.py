@@ -56,8 +56,8 @@ def main() -> None:
 
     scene = read_colmap(args.scene)
     model = init_from_points(scene.points, scene.colors)
-    step = max(1, len(scene.cameras) // args.views)
-    cameras = scene.cameras[::step][: args.views]
+    step = max(1, len(scene.views) // args.views)
+    cameras = [view.camera for view in scene.views[::step][: args.views]]
     time_view(model, cameras[0])  # compile and warm up
     forward, backward, isects = [], [], []
     for _ in range(args.repeats):

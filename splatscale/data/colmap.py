@@ -64,7 +64,9 @@ def read_colmap(root: str | Path) -> Scene:
     image_dir = find_image_dir(root, sparse)
     images = sorted(recon.images.values(), key=lambda im: im.name)
     views = [_view(im, recon.cameras[im.camera_id], image_dir, sparse) for im in images]
-    points = list(recon.points3D.values())
+    points = [point for _, point in sorted(recon.points3D.items())]  # by id: deterministic
     xyz = np.array([p.xyz for p in points], dtype=np.float64).reshape(-1, 3)
     rgb = np.array([p.color for p in points], dtype=np.uint8).reshape(-1, 3)
+    if len(xyz) == 0:
+        raise DataError(f"{sparse}: the COLMAP model has no 3D points to start from")
     return Scene(views, xyz, rgb, root)

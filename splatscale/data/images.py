@@ -81,6 +81,16 @@ class ImageStore:
     def __len__(self) -> int:
         return len(self._cameras)
 
+    def check(self) -> None:
+        """Open every image's header now, so a missing or unreadable file is reported
+        before training writes anything."""
+        for view in self.scene.views:
+            try:
+                with Image.open(view.image_path) as image:
+                    image.verify()
+            except OSError as error:
+                raise DataError(f"{view.image_path}: not a readable image ({error})") from None
+
     def camera(self, index: int) -> Camera:
         return self._cameras[index]
 
@@ -117,7 +127,7 @@ class ImageStore:
         if image.shape[:2] != (camera.height, camera.width):
             resized = Image.fromarray(image).resize((camera.width, camera.height),
                                                     Image.Resampling.LANCZOS)
-            image = np.asarray(resized)
+            image = np.array(resized)
         if needs_work:
             write_png(image, cached)
         return image
@@ -129,7 +139,7 @@ class ImageStore:
         if abs(w / h - cam.width / cam.height) > 0.01:
             raise DataError(f"{view.image_path}: image is {w}x{h}, its camera says "
                             f"{cam.width}x{cam.height}")
-        return np.asarray(Image.fromarray(image).resize((cam.width, cam.height),
+        return np.array(Image.fromarray(image).resize((cam.width, cam.height),
                                                         Image.Resampling.LANCZOS))
 
     def as_float(self, index: int, rows: tuple[int, int] | None = None,

@@ -113,6 +113,8 @@ def _read_ply_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
         xyz = np.stack([vertex["x"], vertex["y"], vertex["z"]], axis=1).astype(np.float64)
     except (OSError, KeyError, ValueError) as error:
         raise DataError(f"{path}: not a point cloud PLY with x, y, z ({error})") from None
+    if len(xyz) == 0:
+        raise DataError(f"{path}: the point cloud is empty")
     names = vertex.data.dtype.names
     if all(c in names for c in ("red", "green", "blue")):
         rgb = np.stack([vertex["red"], vertex["green"], vertex["blue"]], axis=1).astype(np.uint8)

@@ -9,7 +9,8 @@ import warnings
 import torch
 from torch import Tensor
 
-from splatscale.train.loss import psnr, ssim
+from splatscale.train.loss import psnr
+from splatscale.train.ssim import ssim
 
 _lpips_model = None
 _lpips_missing: str | None = None

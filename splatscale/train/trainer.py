@@ -57,6 +57,7 @@ class Trainer:
         self.train_ids, self.test_ids = scene.split(options.eval_split)
         if not self.train_ids:
             raise DataError(f"{scene.source}: no training views")
+        store.check()
         self.extent = scene.camera_extent()
         white = config.white_background or scene.background == (1.0, 1.0, 1.0)
         self.background = torch.ones(3) if white else torch.zeros(3)

@@ -1,0 +1,156 @@
+"""SSIM with the 3DGS window: 11x11 Gaussian (sigma 1.5), zero padding of 5.
+
+``ssim_map`` is plain torch (two 1D convolutions: the window is separable).
+On the CPU, ``ssim`` instead runs a fused numba kernel that returns the mean
+and its gradient in one go: torch's depthwise convolutions and the many
+full-image elementwise passes around them are memory-bound and several times
+slower there. The window is symmetric, so the blur is self-adjoint and the
+gradient needs only blurs of per-pixel partial derivatives.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numba as nb
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+WINDOW, SIGMA = 11, 1.5
+RADIUS = WINDOW // 2
+C1, C2 = 0.01 ** 2, 0.03 ** 2
+
+
+@lru_cache(maxsize=8)
+def gaussian_taps(dtype: torch.dtype) -> Tensor:
+    x = torch.arange(WINDOW, dtype=torch.float64) - RADIUS
+    g = torch.exp(-x * x / (2 * SIGMA ** 2))
+    return (g / g.sum()).to(dtype)
+
+
+def _blur(images: Tensor) -> Tensor:
+    """[C, H, W] blurred by the window (zero padding, same size)."""
+    taps = gaussian_taps(images.dtype).to(images.device).expand(images.shape[0], 1, WINDOW)
+    x = F.conv2d(images[None], taps[:, :, None, :], padding=(0, RADIUS), groups=images.shape[0])
+    return F.conv2d(x, taps[:, :, :, None], padding=(RADIUS, 0), groups=images.shape[0])[0]
+
+
+def ssim_map(image: Tensor, target: Tensor) -> Tensor:
+    """Per-pixel SSIM of [h, W, 3] images."""
+    a, b = image.permute(2, 0, 1), target.permute(2, 0, 1)
+    mu_a, mu_b, aa, bb, ab = _blur(torch.cat([a, b, a * a, b * b, a * b])).split(3)
+    var_a = aa - mu_a * mu_a
+    var_b = bb - mu_b * mu_b
+    cov = ab - mu_a * mu_b
+    numerator = (2 * mu_a * mu_b + C1) * (2 * cov + C2)
+    denominator = (mu_a * mu_a + mu_b * mu_b + C1) * (var_a + var_b + C2)
+    return (numerator / denominator).permute(1, 2, 0)
+
+
+@nb.njit(parallel=True, fastmath=True, cache=True)
+def _blur_kernel(images, taps, out):
+    """out = taps (x) taps * images per channel, zero padded; images [C, H, W]."""
+    channels, height, width = images.shape
+    radius = taps.shape[0] // 2
+    rows = np.empty_like(images)
+    for cy in nb.prange(channels * height):
+        c, y = cy // height, cy % height
+        row = rows[c, y]
+        row[:] = 0
+        for k in range(taps.shape[0]):
+            offset = k - radius
+            lo, hi = max(0, -offset), min(width, width - offset)
+            # Shifted views and an unsigned index keep numba's negative-index
+            # wraparound out of the loop, which LLVM then vectorises.
+            dst, src, tap = row[lo:hi], images[c, y, lo + offset:hi + offset], taps[k]
+            for x in range(np.uint64(0), np.uint64(hi - lo)):
+                dst[x] += tap * src[x]
+    for cy in nb.prange(channels * height):
+        c, y = cy // height, cy % height
+        target = out[c, y]
+        target[:] = 0
+        for k in range(max(0, radius - y), min(taps.shape[0], height + radius - y)):
+            source = rows[c, y + k - radius]
+            for x in range(np.uint64(0), np.uint64(width)):
+                target[x] += taps[k] * source[x]
+
+
+@nb.njit(parallel=True, fastmath=True, cache=True)
+def _ssim_value_and_grad(a, b, taps, c1, c2, grad_a):
+    """Mean SSIM of images a, b [C, H, W] and its gradient w.r.t. a (into grad_a).
+
+    With mu = G*a, E_aa = G*(a a), E_ab = G*(a b) (G the window) the map is
+    S = (2 mu_a mu_b + c1)(2 (E_ab - mu_a mu_b) + c2) / (D1 D2), and
+    d mean(S) / da = G*(dS/dmu_a) + 2 a G*(dS/dE_aa) + b G*(dS/dE_ab), all over
+    the element count: five blurred planes forward, three backward.
+    """
+    channels, height, width = a.shape
+    n = channels * height * width
+    planes = np.empty((5 * channels, height, width), a.dtype)
+    for cy in nb.prange(channels * height):
+        c, y = cy // height, cy % height
+        for x in range(np.uint64(0), np.uint64(width)):
+            va, vb = a[c, y, x], b[c, y, x]
+            planes[c, y, x] = va
+            planes[channels + c, y, x] = vb
+            planes[2 * channels + c, y, x] = va * va
+            planes[3 * channels + c, y, x] = vb * vb
+            planes[4 * channels + c, y, x] = va * vb
+    blurred = np.empty_like(planes)
+    _blur_kernel(planes, taps, blurred)
+    partials = np.empty((3 * channels, height, width), a.dtype)
+    row_sums = np.zeros(channels * height, a.dtype)
+    for cy in nb.prange(channels * height):
+        c, y = cy // height, cy % height
+        total = a.dtype.type(0)
+        for x in range(np.uint64(0), np.uint64(width)):
+            mu_a, mu_b = blurred[c, y, x], blurred[channels + c, y, x]
+            e_aa, e_bb = blurred[2 * channels + c, y, x], blurred[3 * channels + c, y, x]
+            e_ab = blurred[4 * channels + c, y, x]
+            num1 = 2 * mu_a * mu_b + c1
+            num2 = 2 * (e_ab - mu_a * mu_b) + c2
+            den1 = mu_a * mu_a + mu_b * mu_b + c1
+            den2 = e_aa - mu_a * mu_a + e_bb - mu_b * mu_b + c2
+            inv = 1 / (den1 * den2)
+            s = num1 * num2 * inv
+            total += s
+            partials[c, y, x] = (2 * mu_b * (num2 - num1) * inv
+                                 - 2 * mu_a * s * (1 / den1 - 1 / den2)) / n
+            partials[channels + c, y, x] = -s / den2 / n
+            partials[2 * channels + c, y, x] = 2 * num1 * inv / n
+        row_sums[cy] = total
+    spread = np.empty_like(partials)
+    _blur_kernel(partials, taps, spread)
+    for cy in nb.prange(channels * height):
+        c, y = cy // height, cy % height
+        for x in range(np.uint64(0), np.uint64(width)):
+            grad_a[c, y, x] = (spread[c, y, x] + 2 * a[c, y, x] * spread[channels + c, y, x]
+                               + b[c, y, x] * spread[2 * channels + c, y, x])
+    return row_sums.sum() / n
+
+
+class _CpuSsim(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, image: Tensor, target: Tensor) -> Tensor:
+        a = image.detach().permute(2, 0, 1).contiguous()
+        b = target.detach().to(a.dtype).permute(2, 0, 1).contiguous()
+        grad = torch.empty_like(a)
+        scalar = a.numpy().dtype.type
+        value = _ssim_value_and_grad(a.numpy(), b.numpy(), gaussian_taps(a.dtype).numpy(),
+                                     scalar(C1), scalar(C2), grad.numpy())
+        ctx.save_for_backward(grad)
+        return torch.tensor(value, dtype=a.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):
+        (grad,) = ctx.saved_tensors
+        return (grad_output * grad).permute(1, 2, 0), None
+
+
+def ssim(image: Tensor, target: Tensor) -> Tensor:
+    """Mean SSIM of [h, W, 3] images, differentiable in ``image``."""
+    if image.device.type == "cpu":
+        return _CpuSsim.apply(image, target)
+    return ssim_map(image, target).mean()

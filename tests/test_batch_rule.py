@@ -1,0 +1,54 @@
+"""Adam with the batch-size rule and schedules counted in images."""
+
+import math
+
+import pytest
+import torch
+
+from splatscale.train.optimizer import GaussianAdam, batch_hyperparameters
+from splatscale.train.schedule import crossed_multiple, crosses, position_lr
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_batch_hyperparameters(batch):
+    h = batch_hyperparameters(2.5e-3, batch)
+    assert h.lr == pytest.approx(2.5e-3 * math.sqrt(batch))
+    assert h.beta1 == pytest.approx(0.9 ** batch) and h.beta2 == pytest.approx(0.999 ** batch)
+    assert h.eps == pytest.approx(1e-15 / math.sqrt(batch))
+
+
+def test_batch_of_one_is_torch_adam():
+    g = torch.Generator().manual_seed(0)
+    ours = {"w": torch.randn(5, 3, generator=g, requires_grad=True)}
+    theirs = ours["w"].detach().clone().requires_grad_(True)
+    optimizer = GaussianAdam(ours, batch_size=1)
+    reference = torch.optim.Adam([theirs], lr=0.01, betas=(0.9, 0.999), eps=1e-15)
+    for _ in range(5):
+        grad = torch.randn(5, 3, generator=g)
+        ours["w"].grad, theirs.grad = grad.clone(), grad.clone()
+        optimizer.step({"w": 0.01})
+        reference.step()
+    torch.testing.assert_close(ours["w"], theirs, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("batch", [1, 4, 16])
+def test_events_fire_by_images_seen(batch):
+    """Over 3000 images every schedule fires the same number of times whatever B, on
+    the batch whose image window holds the event's multiple."""
+    fired = {100: [], 1000: [], 3000: []}
+    for start in range(0, 3000, batch):
+        for interval in fired:
+            mark = crossed_multiple(start, start + batch, interval)
+            if mark is not None:
+                assert start < mark <= start + batch
+                fired[interval].append(mark)
+    assert fired[100] == list(range(100, 3001, 100))
+    assert fired[1000] == [1000, 2000, 3000] and fired[3000] == [3000]
+    assert not crosses(0, batch, 3000) or batch >= 3000
+
+
+def test_position_lr_decays_log_linearly_over_images():
+    assert position_lr(0, 1.6e-4, 1.6e-6, 30_000) == pytest.approx(1.6e-4)
+    assert position_lr(15_000, 1.6e-4, 1.6e-6, 30_000) == pytest.approx(1.6e-5)
+    assert position_lr(30_000, 1.6e-4, 1.6e-6, 30_000) == pytest.approx(1.6e-6)
+    assert position_lr(90_000, 1.6e-4, 1.6e-6, 30_000) == pytest.approx(1.6e-6)
