@@ -113,6 +113,18 @@ def _pixels(lo, hi):
     wraparound that would otherwise turn every array access into a gather."""
     return range(np.uint64(lo), np.uint64(hi))
 
+@nb.njit(inline="always")
+def _pixel_centres(tile_x, tile_y, dtype):
+    """x and y of the tile's 256 pixel centres, row-major."""
+    half = _constants(dtype)[2]
+    px = np.empty(PIXELS, dtype)
+    py = np.empty(PIXELS, dtype)
+    for p in range(PIXELS):
+        px[p] = tile_x * TILE + p % TILE + half
+        py[p] = tile_y * TILE + p // TILE + half
+    return px, py
+
+
 @nb.njit(inline="always", fastmath=True)
 def _blend_splat(g, means2d, conics, opacities, colors, depths, local_k, px, py, T, live,
                  last, acc, lo, hi):
@@ -156,13 +168,12 @@ def forward(means2d, conics, opacities, colors, depths, background, radii, splat
 
     ``out_depth`` gets the alpha-weighted depth sum (no background).
     """
-    zero, one, half, _, _, _ = _constants(means2d.dtype)
+    zero, one, _, _, _, _ = _constants(means2d.dtype)
     dtype = means2d.dtype
     for i in nb.prange(tile_order.shape[0]):
         t = tile_order[i]
         tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
-        px = np.empty(PIXELS, dtype)
-        py = np.empty(PIXELS, dtype)
+        px, py = _pixel_centres(tile_x, tile_y, dtype)
         T = np.ones(PIXELS, dtype)
         live = np.empty(PIXELS, dtype)
         last = np.full(PIXELS, -one, dtype)  # tile-local index of the last contributor
@@ -171,8 +182,6 @@ def forward(means2d, conics, opacities, colors, depths, background, radii, splat
         n_live = 0
         for p in range(PIXELS):
             x, y = tile_x * TILE + p % TILE, tile_y * TILE + p // TILE
-            px[p] = x + half
-            py[p] = y + half
             inside = x < width and y0 <= y and y < y1
             live[p] = one if inside else zero
             n_live += inside
@@ -252,13 +261,12 @@ def backward(means2d, conics, opacities, colors, depths, background, radii, spla
              tile_order, tiles_x, tile_row0, width, y0, y1, final_T, last_index, v_rgb, v_depth,
              v_alpha, isect_grads):
     """Walk each tile back to front, one gradient row per intersection."""
-    zero, one, half, _, _, _ = _constants(means2d.dtype)
+    one = _constants(means2d.dtype)[1]
     dtype = means2d.dtype
     for i in nb.prange(tile_order.shape[0]):
         t = tile_order[i]
         tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
-        px = np.empty(PIXELS, dtype)
-        py = np.empty(PIXELS, dtype)
+        px, py = _pixel_centres(tile_x, tile_y, dtype)
         T = np.ones(PIXELS, dtype)
         last = np.full(PIXELS, -one, dtype)  # tile-local, as in forward
         v_out = np.zeros((CHANNELS, PIXELS), dtype)
@@ -268,8 +276,6 @@ def backward(means2d, conics, opacities, colors, depths, background, radii, spla
         k_max = start - 1
         for p in range(PIXELS):
             x, y = tile_x * TILE + p % TILE, tile_y * TILE + p // TILE
-            px[p] = x + half
-            py[p] = y + half
             if x < width and y0 <= y and y < y1:
                 T[p] = final_T[y - y0, x]
                 last[p] = last_index[y - y0, x] - start
