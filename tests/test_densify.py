@@ -1,0 +1,63 @@
+"""Densification with 3DGS semantics, row by row with the optimiser state."""
+
+import math
+
+import torch
+
+from splatscale.train.densify import DensifyStats, densify_and_prune, reset_opacity
+from splatscale.train.optimizer import GaussianAdam
+from tests.conftest import random_model
+
+
+def setup():
+    model = random_model(6, seed=0, dtype=torch.float32).requires_grad_(True)
+    with torch.no_grad():
+        model.log_scales[:] = math.log(0.01)
+        model.log_scales[2:4] = math.log(0.5)            # large: split
+        model.opacity_logits[:] = 2.0
+        model.opacity_logits[5] = -8.0                   # faint: pruned
+    optimizer = GaussianAdam(model.parameters())
+    for name in optimizer.exp_avg:
+        optimizer.exp_avg[name] += torch.arange(6.0).view(-1, *[1] * (optimizer.exp_avg[name].dim() - 1))
+    # Gaussians 0 and 2 have high view-space gradients, the others low.
+    stats = DensifyStats(torch.tensor([1e-3, 0, 1e-3, 0, 0, 0]), torch.ones(6))
+    return model, optimizer, stats
+
+
+def test_clone_split_prune():
+    model, optimizer, stats = setup()
+    before = model.detach()
+    fresh = densify_and_prune(model, optimizer, stats, grad_threshold=2e-4, percent_dense=0.1,
+                              extent=1.0, min_opacity=0.005, prune_large=False,
+                              generator=torch.Generator().manual_seed(0))
+    # Kept: 0, 1, 3, 4 (2 split away, 5 pruned); then the clone of 0; then 2's two halves.
+    assert len(model) == 4 + 1 + 2
+    kept = [0, 1, 3, 4]
+    assert torch.equal(model.means[:4].detach(), before.means[kept])
+    assert torch.equal(model.means[4].detach(), before.means[0])
+    halves = model.log_scales[5:].detach()
+    torch.testing.assert_close(halves, before.log_scales[[2, 2]] - math.log(1.6))
+    assert not torch.equal(model.means[5], model.means[6])
+    assert (model.means[5:].detach() - before.means[2]).norm(dim=1).max() < 3 * 0.5 * 3
+    # Adam moments follow their rows; new rows start at zero.
+    m = optimizer.exp_avg["means"]
+    assert torch.equal(m[:4, 0], torch.tensor([0.0, 1.0, 3.0, 4.0])) and (m[4:] == 0).all()
+    assert optimizer.params["means"] is model.means and model.means.requires_grad
+    assert torch.equal(fresh.grad_sum, torch.zeros(7)) and torch.equal(fresh.count, torch.zeros(7))
+
+
+def test_prune_large_after_first_reset():
+    model, optimizer, stats = setup()
+    densify_and_prune(model, optimizer, DensifyStats(torch.zeros(6), torch.ones(6)), 2e-4, 0.1,
+                      extent=1.0, min_opacity=0.005, prune_large=True,
+                      generator=torch.Generator().manual_seed(0))
+    assert len(model) == 3  # 2 and 3 exceed 0.1 x extent, 5 is faint
+
+
+def test_opacity_reset_clamps_and_forgets_moments():
+    model, optimizer, _ = setup()
+    reset_opacity(model, optimizer)
+    assert model.opacities.max() <= 0.01 + 1e-7
+    assert model.opacities[5] < 0.001, "already fainter: unchanged"
+    assert (optimizer.exp_avg["opacity_logits"] == 0).all()
+    assert optimizer.params["opacity_logits"] is model.opacity_logits

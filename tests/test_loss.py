@@ -1,0 +1,62 @@
+"""The 3DGS loss: SSIM against a direct 11x11-window computation, the fused CPU
+kernel's value and gradient against autograd through the torch version."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from splatscale.train.loss import photometric_loss, psnr
+from splatscale.train.ssim import ssim, ssim_map
+
+
+def direct_ssim_map(a, b):
+    """SSIM written from its definition: full 2D Gaussian window, zero padding 5."""
+    x = torch.arange(11, dtype=torch.float64) - 5
+    g = torch.exp(-x * x / (2 * 1.5 ** 2))
+    window = (g[:, None] * g[None, :] / g.sum() ** 2).expand(3, 1, 11, 11)
+    blur = lambda t: F.conv2d(t.permute(2, 0, 1)[None], window, padding=5, groups=3)[0]  # noqa: E731
+    mu_a, mu_b = blur(a), blur(b)
+    var_a, var_b = blur(a * a) - mu_a ** 2, blur(b * b) - mu_b ** 2
+    cov = blur(a * b) - mu_a * mu_b
+    c1, c2 = 0.01 ** 2, 0.03 ** 2
+    s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (var_a + var_b + c2))
+    return s.permute(1, 2, 0)
+
+
+def images(h=29, w=41, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.rand(h, w, 3, generator=g, dtype=torch.float64)
+    b = (a + 0.2 * torch.randn(h, w, 3, generator=g, dtype=torch.float64)).clamp(0, 1)
+    return a, b
+
+
+def test_ssim_map_matches_the_definition():
+    a, b = images()
+    torch.testing.assert_close(ssim_map(a, b), direct_ssim_map(a, b), rtol=1e-12, atol=1e-14)
+
+
+def test_fused_cpu_ssim_value_and_gradient():
+    a, b = images(seed=1)
+    a.requires_grad_(True)
+    reference = direct_ssim_map(a, b).mean()
+    (want,) = torch.autograd.grad(reference, a)
+    value = ssim(a, b)
+    (got,) = torch.autograd.grad(value * 3.0, a)
+    torch.testing.assert_close(value, reference.detach(), rtol=1e-12, atol=0)
+    torch.testing.assert_close(got, 3.0 * want, rtol=1e-9, atol=1e-15)
+
+
+def test_fused_cpu_ssim_float32_close_to_float64():
+    a, b = images(seed=2)
+    torch.testing.assert_close(ssim(a.float(), b.float()).double(), ssim(a, b), rtol=1e-5, atol=0)
+
+
+def test_photometric_loss_and_psnr():
+    a, b = images(seed=3)
+    l1 = (a - b).abs().mean()
+    expected = 0.8 * l1 + 0.2 * (1 - direct_ssim_map(a, b).mean())
+    torch.testing.assert_close(photometric_loss(a, b), expected, rtol=1e-12, atol=0)
+    assert psnr(b, b) == float("inf")
+    mse = ((a - b) ** 2).mean().item()
+    assert abs(psnr(a, b) + 10 * math.log10(mse)) < 1e-9
