@@ -217,7 +217,9 @@ def _backprop_splat(g, means2d, conics, opacities, colors, depths, local_k, px, 
     ca, cb, cc = conics[g, 0], conics[g, 1], conics[g, 2]
     opacity = opacities[g]
     c0, c1, c2, c3 = colors[g, 0], colors[g, 1], colors[g, 2], depths[g]
-    v_mx = v_my = v_ca = v_cb = v_cc = v_op = v_c0 = v_c1 = v_c2 = v_c3 = zero
+    # d sigma / d(conic, mean) are products of dx, dy: sum v_sigma times each over the
+    # pixels, and form the gradients once per splat after the loop.
+    s_x = s_y = s_xx = s_xy = s_yy = v_op = v_c0 = v_c1 = v_c2 = v_c3 = zero
     for p in _pixels(lo, hi):
         dx, dy = mx - px[p], my - py[p]
         sigma = half * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
@@ -244,13 +246,15 @@ def _backprop_splat(g, means2d, conics, opacities, colors, depths, local_k, px, 
         v_raw = v_a * unclamped
         v_op += gauss * v_raw
         v_sigma = -raw_alpha * v_raw
-        v_ca += half * dx * dx * v_sigma
-        v_cb += dx * dy * v_sigma
-        v_cc += half * dy * dy * v_sigma
-        v_mx += (ca * dx + cb * dy) * v_sigma
-        v_my += (cc * dy + cb * dx) * v_sigma
-    out[row, GRAD_MEAN], out[row, GRAD_MEAN + 1] = v_mx, v_my
-    out[row, GRAD_CONIC], out[row, GRAD_CONIC + 1], out[row, GRAD_CONIC + 2] = v_ca, v_cb, v_cc
+        x_sigma, y_sigma = dx * v_sigma, dy * v_sigma
+        s_x += x_sigma
+        s_y += y_sigma
+        s_xx += dx * x_sigma
+        s_xy += dy * x_sigma
+        s_yy += dy * y_sigma
+    out[row, GRAD_MEAN], out[row, GRAD_MEAN + 1] = ca * s_x + cb * s_y, cc * s_y + cb * s_x
+    out[row, GRAD_CONIC], out[row, GRAD_CONIC + 1] = half * s_xx, s_xy
+    out[row, GRAD_CONIC + 2] = half * s_yy
     out[row, GRAD_OPACITY] = v_op
     out[row, GRAD_COLOR], out[row, GRAD_COLOR + 1] = v_c0, v_c1
     out[row, GRAD_COLOR + 2], out[row, GRAD_COLOR + 3] = v_c2, v_c3
