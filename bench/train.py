@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -35,6 +36,8 @@ def run(scene, batch_size: int, marks: list[int]) -> dict:
                 trainer.train_step()
             seconds += time.perf_counter() - start
             test = trainer.evaluate()
+            print(f"batch {batch_size}: {mark} images, {seconds:.0f} s, test PSNR {test['psnr']:.2f}",
+                  file=sys.stderr)
             result[str(mark)] = {
                 "test_psnr": round(test["psnr"], 3), "test_ssim": round(test["ssim"], 4),
                 "iterations_per_second": round(trainer.images_seen / seconds, 3),
