@@ -10,6 +10,7 @@ import torch
 
 from splatscale.atomic import write_json
 from splatscale.data import load_scene
+from splatscale.demo import demo_scene
 from splatscale.data.images import ImageStore, write_png
 from splatscale.errors import SplatscaleError
 from splatscale.model.ply import read_ply, write_ply, write_splat
@@ -18,6 +19,11 @@ from splatscale.train.checkpoint import load_checkpoint
 from splatscale.train.config import TrainConfig
 from splatscale.train.metrics import ImageMetrics
 from splatscale.train.trainer import RunOptions, Trainer
+
+
+def _scene(data: str | None, cache_dir: Path | None):
+    """The scene at ``data``, or the built-in demo scene when none is given."""
+    return demo_scene(cache_dir) if data is None else load_scene(data)
 
 
 def _store(args: Namespace, scene) -> ImageStore:
@@ -44,7 +50,7 @@ def train(args: Namespace) -> None:
     if args.resume:
         saved, _ = load_checkpoint(checkpoint)
         config = TrainConfig.from_dict({**saved["config"], "iterations": args.iterations})
-    scene = load_scene(args.data, args.cache_dir)
+    scene = _scene(args.data, args.cache_dir)
     store = _store(args, scene)
     options = RunOptions(args.output, args.eval, args.eval_every, list(args.save_at),
                          args.checkpoint_every, progress=not args.quiet)
@@ -68,7 +74,7 @@ def _split_ids(scene, split: str) -> list[int]:
 
 def _views(args: Namespace):
     model = read_ply(args.model)
-    scene = load_scene(args.data, args.cache_dir)
+    scene = _scene(args.data, args.cache_dir)
     store = _store(args, scene)
     background = torch.tensor(store.background, dtype=model.means.dtype)
     for i in _split_ids(scene, args.split):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from splatscale.data import load_scene
+from splatscale.demo import demo_scene
 from splatscale.data.images import ImageStore
 from splatscale.train.config import TrainConfig
 from splatscale.train.trainer import RunOptions, Trainer
@@ -19,7 +19,7 @@ IMAGES = 1200
 
 
 def make_trainer(tmp_path: Path, **overrides) -> Trainer:
-    scene = load_scene(None, cache_dir=tmp_path / "cache")
+    scene = demo_scene(tmp_path / "cache")
     store = ImageStore(scene, cache_dir=tmp_path / "cache", background=scene.background)
     config = TrainConfig(**{"iterations": IMAGES, "densify_from": 200, **overrides})
     return Trainer(scene, store, config, RunOptions(tmp_path / "out", progress=False,

@@ -9,14 +9,11 @@ from splatscale.data.scene import Scene
 from splatscale.errors import DataError
 
 
-def load_scene(path: str | Path | None, cache_dir: Path | None = None) -> Scene:
-    """The scene at ``path`` (COLMAP or transforms.json), or the demo scene for None."""
+def load_scene(path: str | Path) -> Scene:
+    """The scene at ``path``: a COLMAP folder or a transforms.json scene."""
     from splatscale.data.colmap import find_sparse_dir, read_colmap
-    from splatscale.data.demo import demo_scene
     from splatscale.data.transforms import find_transforms, read_transforms
 
-    if path is None:
-        return demo_scene(cache_dir)
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")

@@ -10,6 +10,7 @@ from torch import Tensor
 
 MAX_SH_DEGREE = 3
 SH_REST = (MAX_SH_DEGREE + 1) ** 2 - 1
+SH_C0 = 0.28209479177387814  # the degree-0 basis function: colour = SH_C0 * sh0 + 0.5
 
 
 @dataclass

@@ -6,8 +6,7 @@ import numpy as np
 import torch
 from scipy.spatial import cKDTree
 
-from splatscale.model.gaussians import SH_REST, GaussianModel
-from splatscale.render.sh import SH_C0
+from splatscale.model.gaussians import SH_C0, SH_REST, GaussianModel
 
 INITIAL_OPACITY = 0.1
 

@@ -10,8 +10,7 @@ from plyfile import PlyData, PlyElement
 
 from splatscale.atomic import atomic_path
 from splatscale.errors import DataError
-from splatscale.model.gaussians import MAX_SH_DEGREE, SH_REST, GaussianModel
-from splatscale.render.sh import SH_C0
+from splatscale.model.gaussians import MAX_SH_DEGREE, SH_C0, SH_REST, GaussianModel
 
 BASE = (["x", "y", "z", "nx", "ny", "nz"] + [f"f_dc_{i}" for i in range(3)])
 TAIL = ["opacity"] + [f"scale_{i}" for i in range(3)] + [f"rot_{i}" for i in range(4)]

@@ -49,6 +49,8 @@ class Splats:
     def of_camera(self, index: int) -> "Splats":
         """The rows of one camera (slices keep the autograd graph)."""
         lo, hi = self.camera_offsets[index], self.camera_offsets[index + 1]
+        if len(self.cameras) == 1:
+            return self  # no slicing, so no slice nodes in the backward graph
         return Splats(self.camera_ids[lo:hi], self.gaussian_ids[lo:hi], self.means2d[lo:hi],
                       self.conics[lo:hi], self.depths[lo:hi], self.radii[lo:hi],
                       self.colors[lo:hi], self.opacities[lo:hi], [0, hi - lo],

@@ -17,9 +17,8 @@ import torch
 from splatscale.data.cameras import Camera
 from splatscale.data.images import write_png, default_cache_dir
 from splatscale.data.scene import Scene, View
-from splatscale.model.gaussians import SH_REST, GaussianModel
+from splatscale.model.gaussians import SH_C0, SH_REST, GaussianModel
 from splatscale.render import render
-from splatscale.render.sh import SH_C0
 
 VERSION = 1
 WIDTH, HEIGHT, VIEWS = 128, 96, 32
