@@ -78,3 +78,16 @@ def test_resume_continues_bit_for_bit(tmp_path):
         for name, tensor in a["optimizer"][kind].items():
             assert torch.equal(tensor, b["optimizer"][kind][name]), (kind, name)
     assert torch.equal(a["stats"]["grad_sum"], b["stats"]["grad_sum"])
+
+
+def test_no_opacity_reset_or_densification_on_the_last_batch(tmp_path):
+    trainer = make_trainer(tmp_path, iterations=40, densify_from=10, densify_interval=20,
+                           opacity_reset_interval=20)
+    while trainer.images_seen < 20:
+        trainer.train_step()
+    assert trainer.engine.model.opacities.max() <= 0.01 + 1e-6, "reset at image 20"
+    count = trainer.engine.num_gaussians()
+    while trainer.images_seen < 40:
+        trainer.train_step()
+    assert trainer.engine.model.opacities.max() > 0.01, "no reset at the last image, 40"
+    assert trainer.engine.num_gaussians() == count, "no densification at the last image"

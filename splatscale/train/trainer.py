@@ -99,7 +99,9 @@ class Trainer:
                  for i in self._next_batch()]
         densifying = after < c.densify_until
         result = engine.forward_backward(batch, track_stats=densifying)
-        if densifying:
+        # On the last batch no step is left to recover from a densification or an
+        # opacity reset (3DGS would reset at image 3000 of a 3000-image run), so skip them.
+        if densifying and after < c.iterations:
             event = crossed_multiple(before, after, c.densify_interval)
             if event is not None and event > c.densify_from:
                 engine.densify_and_prune(c.densify_grad_threshold, c.percent_dense, self.extent,
