@@ -12,7 +12,6 @@ from splatscale.data.scene import Distortion, Scene, View
 from splatscale.data.undistort import PINHOLE_MODELS, pinhole_K, undistorted_pinhole
 from splatscale.errors import DataError
 
-IMAGE_FOLDERS = ("images",)
 
 
 def find_sparse_dir(root: Path) -> Path:

@@ -73,23 +73,23 @@ class _Composite(torch.autograd.Function):
                                 bins, width, rows)
         cpu_kernels.forward(*inputs, rgb.numpy(), depth_sum.numpy(), final_T.numpy(),
                             last.numpy())
+        # The backward kernel takes the same inputs (numpy views of the saved tensors).
         ctx.save_for_backward(means2d, conics, colors, depths, opacities, background, radii,
                               final_T, last)
-        ctx.bins, ctx.width, ctx.rows = bins, width, rows
+        ctx.inputs, ctx.splat_ids = inputs, bins.splat_ids
         return rgb, depth_sum, 1.0 - final_T
 
     @staticmethod
     def backward(ctx, v_rgb: Tensor, v_depth_sum: Tensor, v_alpha: Tensor):
         saved = ctx.saved_tensors
         means2d, final_T, last = saved[0], saved[-2], saved[-1]
-        bins = ctx.bins
-        isect_grads = np.zeros((int(bins.offsets[-1]), cpu_kernels.GRAD_WIDTH),
+        splat_ids = _numpy(ctx.splat_ids)
+        isect_grads = np.zeros((len(splat_ids), cpu_kernels.GRAD_WIDTH),
                                dtype=_numpy(means2d).dtype)
-        inputs = _kernel_inputs(*saved[:-2], bins, ctx.width, ctx.rows)
-        cpu_kernels.backward(*inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
+        cpu_kernels.backward(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
                              _numpy(v_depth_sum), _numpy(v_alpha), isect_grads)
         per_splat = np.zeros((means2d.shape[0], isect_grads.shape[1]), isect_grads.dtype)
-        cpu_kernels.sum_per_splat(_numpy(bins.splat_ids), isect_grads, per_splat)
+        cpu_kernels.sum_per_splat(splat_ids, isect_grads, per_splat)
         grads = torch.from_numpy(per_splat)
         k = cpu_kernels
         v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
