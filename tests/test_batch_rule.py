@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from splatscale.train.optimizer import GaussianAdam, batch_hyperparameters
+from splatscale.step.optimizer import GaussianAdam, batch_hyperparameters
 from splatscale.train.schedule import crossed_multiple, crosses, position_lr
 
 

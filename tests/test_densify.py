@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from splatscale.train.densify import DensifyStats, densify_and_prune, reset_opacity
-from splatscale.train.optimizer import GaussianAdam
+from splatscale.step.densify import DensifyStats, densify_and_prune, reset_opacity
+from splatscale.step.optimizer import GaussianAdam
 from tests.conftest import random_model
 
 

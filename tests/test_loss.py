@@ -6,8 +6,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from splatscale.train.loss import photometric_loss, psnr
-from splatscale.train.ssim import ssim, ssim_map
+from splatscale.step.loss import photometric_loss, psnr
+from splatscale.step.ssim import ssim, ssim_map
 
 
 def direct_ssim_map(a, b):

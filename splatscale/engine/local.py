@@ -8,9 +8,9 @@ from splatscale.data.cameras import Camera
 from splatscale.engine import StepResult, TrainView
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import RenderOutput, project, rasterize
-from splatscale.train import densify
-from splatscale.train.loss import photometric_loss, psnr
-from splatscale.train.optimizer import GaussianAdam
+from splatscale.step import densify
+from splatscale.step.loss import photometric_loss, psnr
+from splatscale.step.optimizer import GaussianAdam
 
 
 class LocalEngine:

@@ -9,8 +9,8 @@ import warnings
 import torch
 from torch import Tensor
 
-from splatscale.train.loss import psnr
-from splatscale.train.ssim import ssim
+from splatscale.step.loss import psnr
+from splatscale.step.ssim import ssim
 
 _lpips_model = None
 _lpips_missing: str | None = None

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.projection import quat_to_rotmat
-from splatscale.train.optimizer import GaussianAdam
+from splatscale.step.optimizer import GaussianAdam
 
 SPLIT_INTO = 2
 SPLIT_SCALE_DIVISOR = 0.8 * SPLIT_INTO  # 3DGS: scale / (0.8 N)

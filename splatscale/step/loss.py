@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from splatscale.train.ssim import ssim
+from splatscale.step.ssim import ssim
 
 
 def photometric_loss(image: Tensor, target: Tensor, ssim_weight: float = 0.2) -> Tensor:

@@ -1,0 +1,60 @@
+"""Data flows one way: no module imports from a layer above its own."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import splatscale
+
+# Bottom to top; a module may import its own layer and those below it.
+LAYERS = [
+    {"errors", "atomic"},
+    {"data"},
+    {"model"},
+    {"render"},
+    {"step"},
+    {"engine"},
+    {"train", "demo"},
+    {"commands"},
+    {"cli", "__main__"},
+]
+PACKAGE = Path(splatscale.__file__).parent
+
+
+def layer_of(top: str) -> int:
+    return next(i for i, names in enumerate(LAYERS) if top in names)
+
+
+def imported_tops(source: Path) -> set[str]:
+    """The splatscale subpackages or modules that ``source`` imports."""
+    tops = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "splatscale" and len(parts) > 1:
+                tops.add(parts[1])
+    return tops
+
+
+def test_every_module_has_a_layer():
+    tops = {p.relative_to(PACKAGE).parts[0].removesuffix(".py") for p in PACKAGE.rglob("*.py")}
+    tops.discard("__init__")
+    assert tops <= set().union(*LAYERS), tops - set().union(*LAYERS)
+
+
+def test_no_import_runs_up_the_layers():
+    upward = []
+    for source in sorted(PACKAGE.rglob("*.py")):
+        top = source.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        if top == "__init__":
+            continue
+        for imported in imported_tops(source):
+            if imported in set().union(*LAYERS) and layer_of(imported) > layer_of(top):
+                upward.append(f"{source.relative_to(PACKAGE)} imports splatscale.{imported}")
+    assert not upward, "\n".join(upward)
