@@ -1,6 +1,6 @@
 """Renderer speed: forward and backward milliseconds per view on a real scene.
 
-Prints one JSON line. Default: ../shared/data/snowmiku, Gaussians initialised
+Prints one JSON line. Default: tests/data/snowmiku, Gaussians initialised
 the standard 3DGS way from its SfM points, 10 cameras, loss L1 against zeros.
 """
 
@@ -20,7 +20,7 @@ from splatscale.model import init_from_points
 from splatscale.render import project, rasterize
 from splatscale.render.binning import bin_tiles
 
-DEFAULT_SCENE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "snowmiku"
+DEFAULT_SCENE = Path(__file__).resolve().parents[1] / "tests" / "data" / "snowmiku"
 
 
 def time_view(model, camera) -> tuple[float, float, int]:

@@ -1,6 +1,6 @@
 """Training quality and speed on a real scene; prints one JSON line.
 
-Default: ../shared/data/snowmiku at 495x371 with every 8th image held out,
+Default: tests/data/snowmiku at 495x371 with every 8th image held out,
 default 3DGS settings, test PSNR/SSIM after 600 and 2000 images, for batch
 sizes 1 and 4. Rates count training time only (evaluation excluded).
 """
@@ -20,7 +20,7 @@ from splatscale.data.images import ImageStore
 from splatscale.train.config import TrainConfig
 from splatscale.train.trainer import RunOptions, Trainer
 
-DEFAULT_SCENE = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "snowmiku"
+DEFAULT_SCENE = Path(__file__).resolve().parents[1] / "tests" / "data" / "snowmiku"
 
 
 def run(scene, batch_size: int, marks: list[int]) -> dict:

@@ -1,4 +1,4 @@
-"""Shared test helpers: the shared data folder and small synthetic scenes."""
+"""Shared test helpers: the test data folder and small synthetic scenes."""
 
 from __future__ import annotations
 
@@ -6,20 +6,18 @@ import math
 from pathlib import Path
 
 import numpy as np
-import pytest
 import torch
 
 from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import SH_REST, GaussianModel
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+TEST_DATA = Path(__file__).resolve().parent / "data"
 
 
-def shared_path(*parts: str) -> Path:
-    """A path under ../shared/data, or skip the test saying what is missing."""
-    path = SHARED_DATA.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"shared test data not found: {path} (see ../shared/data/README.md)")
+def data_path(*parts: str) -> Path:
+    """A path under tests/data (see its README for what is there and the licences)."""
+    path = TEST_DATA.joinpath(*parts)
+    assert path.exists(), f"test data missing from the checkout: {path}"
     return path
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.conftest import shared_path
+from tests.conftest import data_path
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -47,7 +47,7 @@ def assert_untouched(out: Path) -> None:
 @pytest.fixture
 def small_colmap(tmp_path) -> Path:
     """A writable copy of snowmiku (model and images)."""
-    source = shared_path("snowmiku")
+    source = data_path("snowmiku")
     root = tmp_path / "scene"
     shutil.copytree(source / "sparse", root / "sparse")
     (root / "images").mkdir()

@@ -8,7 +8,7 @@ from splatscale.data.colmap import read_colmap
 from splatscale.errors import DataError
 from splatscale.model.ply import ply_properties, read_ply, write_ply, write_splat
 from splatscale.render import render
-from tests.conftest import random_model, shared_path
+from tests.conftest import random_model, data_path
 
 
 def test_write_then_read_is_identity(tmp_path):
@@ -33,9 +33,9 @@ def test_inria_layout_is_channel_major(tmp_path):
 
 
 def test_reads_and_renders_a_ply_from_another_trainer():
-    model = read_ply(shared_path("interop", "snowmiku_opensplat.ply"))
+    model = read_ply(data_path("interop", "snowmiku_opensplat.ply"))
     assert len(model) == 25_784
-    camera = read_colmap(shared_path("snowmiku")).views[0].camera
+    camera = read_colmap(data_path("snowmiku")).views[0].camera
     out = render(model, camera)
     assert out.rgb.shape == (371, 495, 3) and torch.isfinite(out.rgb).all()
     assert out.alpha.mean() > 0.5, "a trained model covers the view"

@@ -11,7 +11,7 @@ from splatscale.model.gaussians import SH_REST, GaussianModel
 from splatscale.model.init import nearest_neighbour_scales
 from splatscale.render import project
 from splatscale.render.sh import sh_to_color
-from tests.conftest import shared_path
+from tests.conftest import data_path
 
 gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl",
                                    reason="gsplat==1.5.3 (test extra) is the reference")
@@ -19,7 +19,7 @@ gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl",
 
 @pytest.fixture(scope="module")
 def garden():
-    data = np.load(shared_path("garden_splats.npz"))
+    data = np.load(data_path("garden_splats.npz"))
     rng = np.random.default_rng(0)
     keep = rng.choice(len(data["means3d"]), 30_000, replace=False)
     means = torch.from_numpy(data["means3d"][keep].astype(np.float64))

@@ -16,7 +16,7 @@ from splatscale.data import load_scene
 from splatscale.data.colmap import read_colmap
 from splatscale.data.images import ImageStore
 from splatscale.data.transforms import read_transforms
-from tests.conftest import shared_path
+from tests.conftest import data_path
 
 
 def project(camera, points: np.ndarray) -> np.ndarray:
@@ -28,7 +28,7 @@ def project(camera, points: np.ndarray) -> np.ndarray:
 
 
 def test_snowmiku_matches_the_stored_model():
-    root = shared_path("snowmiku")
+    root = data_path("snowmiku")
     scene = read_colmap(root)
     recon = pycolmap.Reconstruction(str(root / "sparse" / "0"))
     assert len(scene.views) == 97 and len(scene.points) == 25_784
@@ -152,7 +152,7 @@ def test_blender_style_transforms_with_camera_angle(tmp_path):
 
 
 def test_image_store_downscales_and_gives_bands(tmp_path):
-    root = shared_path("snowmiku")
+    root = data_path("snowmiku")
     scene = read_colmap(root)
     store = ImageStore(scene, resolution=2, cache_dir=tmp_path)
     camera = store.camera(3)
