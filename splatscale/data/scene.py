@@ -47,8 +47,9 @@ class Scene:
             return indices, []
         return ([i for i in indices if i % every != 0], [i for i in indices if i % every == 0])
 
-    def camera_extent(self) -> float:
-        """1.1 x the largest camera distance from the cameras' centroid (the 3DGS extent)."""
-        centres = np.stack([v.camera.center.numpy() for v in self.views])
+    def camera_extent(self, ids: list[int]) -> float:
+        """1.1 x the largest distance of cameras ``ids`` from their centroid (the 3DGS
+        extent, which 3DGS takes over the training cameras)."""
+        centres = np.stack([self.views[i].camera.center.numpy() for i in ids])
         radius = np.linalg.norm(centres - centres.mean(axis=0), axis=1).max()
         return float(1.1 * max(radius, 1e-6))

@@ -9,6 +9,9 @@ from scipy.spatial import cKDTree
 from splatscale.model.gaussians import SH_C0, SH_REST, GaussianModel
 
 INITIAL_OPACITY = 0.1
+# Optical axes within about 10 degrees of one direction count as parallel: the
+# smallest eigenvalue of sum(I - a a^T) is then below n sin^2(10 deg) / 3 = 0.01 n.
+CONVERGENCE = 0.01
 
 
 def nearest_neighbour_scales(points: np.ndarray, k: int = 3) -> np.ndarray:
@@ -51,32 +54,84 @@ def init_from_points(points: np.ndarray, colors: np.ndarray,
 
 
 def random_points_in_view(cameras: list, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """``count`` random points with random colours that some camera sees.
+    """``count`` random points with random colours where the cameras look.
 
-    Points are drawn in a cube around the cameras' centroid, half as wide as
-    the camera rig, and kept when they land in front of a camera and inside
-    its image (3DGS draws them in a fixed cube instead, made for its synthetic scenes).
+    When the optical axes converge in front of the cameras (an inward-facing
+    capture), the points fill a ball around the point nearest to all axes, as
+    wide as a camera sees at its distance from that point: that is where the
+    object is. Otherwise (axes nearly parallel, or diverging) they fill the
+    cameras' frusta evenly up to a far bound of twice the rig's diameter.
+    Every point lies in front of some camera and inside its image. (3DGS draws
+    them in a fixed cube instead, made for its synthetic scenes.)
     """
     rng = np.random.default_rng(seed)
     centres = np.stack([c.center.numpy() for c in cameras])
-    middle = centres.mean(axis=0)
-    half = 0.5 * max(np.linalg.norm(centres - middle, axis=1).max(), 1e-3)
-    kept: list[np.ndarray] = []
-    total = 0
-    for _ in range(100):
-        candidates = middle + rng.uniform(-half, half, (count, 3))
-        seen = np.zeros(count, dtype=bool)
-        for camera in cameras:
-            view = camera.viewmat.numpy()
-            p = candidates @ view[:3, :3].T + view[:3, 3]
-            uv = p @ camera.K.numpy().T
-            z = p[:, 2]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                u, v = uv[:, 0] / z, uv[:, 1] / z
-            seen |= (z > 0.01) & (u >= 0) & (u < camera.width) & (v >= 0) & (v < camera.height)
-        kept.append(candidates[seen])
-        total += int(seen.sum())
-        if total >= count:
-            break
-    points = np.concatenate(kept)[:count]
+    axes = np.stack([c.viewmat[2, :3].numpy() for c in cameras])  # +z of each camera, in world
+    focus = focus_point(centres, axes)
+    if focus is None:
+        rig = max(np.linalg.norm(centres - centres.mean(axis=0), axis=1).max(), 1e-3)
+        points = _points_in_frusta(cameras, count, 4 * rig, rng)
+    else:
+        points = _points_around(focus, cameras, count, rng)
     return points, rng.integers(0, 256, (len(points), 3)).astype(np.uint8)
+
+
+def focus_point(centres: np.ndarray, axes: np.ndarray) -> np.ndarray | None:
+    """The point nearest to every optical axis (least squares), or None when the
+    axes do not converge in front of the cameras."""
+    projectors = np.eye(3) - axes[:, :, None] * axes[:, None, :]  # onto each axis' normal plane
+    normal = projectors.sum(axis=0)
+    if np.linalg.eigvalsh(normal)[0] < CONVERGENCE * len(axes):
+        return None  # nearly parallel axes meet nowhere in particular
+    point = np.linalg.solve(normal, (projectors @ centres[:, :, None]).sum(axis=0)[:, 0])
+    in_front = np.einsum("ij,ij->i", point - centres, axes) > 0
+    return point if in_front.mean() > 0.5 else None
+
+
+def _half_view_tangent(camera) -> float:
+    """tan of the smaller half field of view."""
+    K = camera.K.numpy()
+    return min(camera.width / (2 * K[0, 0]), camera.height / (2 * K[1, 1]))
+
+
+def _points_around(focus: np.ndarray, cameras: list, count: int,
+                   rng: np.random.Generator) -> np.ndarray:
+    distances = [np.linalg.norm(c.center.numpy() - focus) for c in cameras]
+    radius = float(np.median([d * _half_view_tangent(c) for d, c in zip(distances, cameras)]))
+    kept: list[np.ndarray] = []
+    for _ in range(100):
+        directions = rng.normal(size=(count, 3))
+        directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+        candidates = focus + directions * radius * rng.uniform(0, 1, (count, 1)) ** (1 / 3)
+        kept.append(candidates[_seen_by_any(cameras, candidates)])
+        if sum(map(len, kept)) >= count:
+            break
+    return np.concatenate(kept)[:count]
+
+
+def _points_in_frusta(cameras: list, count: int, far: float,
+                      rng: np.random.Generator) -> np.ndarray:
+    """Uniform by volume along random pixels' rays of random cameras, depth up to ``far``."""
+    which = rng.integers(0, len(cameras), count)
+    points = np.empty((count, 3))
+    for i, camera in enumerate(cameras):
+        rows = np.flatnonzero(which == i)
+        pixels = rng.uniform(0, 1, (len(rows), 2)) * [camera.width, camera.height]
+        rays = np.linalg.solve(camera.K.numpy(), np.c_[pixels, np.ones(len(rows))].T).T
+        depths = far * rng.uniform(0.001, 1, (len(rows), 1)) ** (1 / 3)
+        view = camera.viewmat.numpy()
+        points[rows] = (rays * depths - view[:3, 3]) @ view[:3, :3]  # camera to world
+    return points
+
+
+def _seen_by_any(cameras: list, points: np.ndarray) -> np.ndarray:
+    seen = np.zeros(len(points), dtype=bool)
+    for camera in cameras:
+        view = camera.viewmat.numpy()
+        p = points @ view[:3, :3].T + view[:3, 3]
+        uv = p @ camera.K.numpy().T
+        z = p[:, 2]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u, v = uv[:, 0] / z, uv[:, 1] / z
+        seen |= (z > 0.01) & (u >= 0) & (u < camera.width) & (v >= 0) & (v < camera.height)
+    return seen

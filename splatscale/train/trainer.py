@@ -42,10 +42,11 @@ class RunOptions:
     progress: bool = True
 
 
-def initial_model(scene: Scene, seed: int):
+def initial_model(scene: Scene, train_ids: list[int], seed: int):
+    """The SfM points, or random points where the training cameras look."""
     points, colors = scene.points, scene.colors
     if len(points) == 0:
-        points, colors = random_points_in_view([v.camera for v in scene.views],
+        points, colors = random_points_in_view([scene.views[i].camera for i in train_ids],
                                                RANDOM_INIT_POINTS, seed)
     return init_from_points(points, colors)
 
@@ -58,11 +59,12 @@ class Trainer:
         if not self.train_ids:
             raise DataError(f"{scene.source}: no training views")
         store.check()
-        self.extent = scene.camera_extent()
+        self.extent = scene.camera_extent(self.train_ids)  # 3DGS: training cameras only
         white = config.white_background or scene.background == (1.0, 1.0, 1.0)
         self.background = torch.ones(3) if white else torch.zeros(3)
-        self.engine = engine or LocalEngine(initial_model(scene, config.seed), config.batch_size,
-                                            self.background, config.ssim_weight, config.seed)
+        self.engine = engine or LocalEngine(initial_model(scene, self.train_ids, config.seed),
+                                            config.batch_size, self.background,
+                                            config.ssim_weight, config.seed)
         self.images_seen = 0
         self.steps = 0
         self.sh_degree = 0
