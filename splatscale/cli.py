@@ -24,6 +24,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--resolution", type=int, default=1, choices=(1, 2, 4, 8),
                         help="divide image sizes by this")
     parser.add_argument("--max-width", type=int, default=None, help="cap the image width")
+    parser.add_argument("--skip-missing-images", action="store_true",
+                        help="use the views whose images are present when the scene lists "
+                             "some that are absent (default: refuse, naming them)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,9 +21,11 @@ from splatscale.train.metrics import ImageMetrics
 from splatscale.train.trainer import RunOptions, Trainer
 
 
-def _scene(data: str | None, cache_dir: Path | None):
-    """The scene at ``data``, or the built-in demo scene when none is given."""
-    return demo_scene(cache_dir) if data is None else load_scene(data)
+def _scene(args: Namespace):
+    """The scene at ``args.data``, or the built-in demo scene when none is given."""
+    if args.data is None:
+        return demo_scene(args.cache_dir)
+    return load_scene(args.data, args.skip_missing_images)
 
 
 def _store(args: Namespace, scene) -> ImageStore:
@@ -50,7 +52,7 @@ def train(args: Namespace) -> None:
     if args.resume:
         saved, _ = load_checkpoint(checkpoint)
         config = TrainConfig.from_dict({**saved["config"], "iterations": args.iterations})
-    scene = _scene(args.data, args.cache_dir)
+    scene = _scene(args)
     store = _store(args, scene)
     options = RunOptions(args.output, args.eval, args.eval_every, list(args.save_at),
                          args.checkpoint_every, progress=not args.quiet)
@@ -74,7 +76,7 @@ def _split_ids(scene, split: str) -> list[int]:
 
 def _views(args: Namespace):
     model = read_ply(args.model)
-    scene = _scene(args.data, args.cache_dir)
+    scene = _scene(args)
     store = _store(args, scene)
     background = torch.tensor(store.background, dtype=model.means.dtype)
     for i in _split_ids(scene, args.split):

@@ -1,4 +1,4 @@
-"""Scene readers: COLMAP (shared scene and a written text model), transforms.json,
+"""Scene readers: COLMAP (snowmiku and a written text model), transforms.json,
 undistortion, the image store."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from splatscale.data import load_scene
 from splatscale.data.colmap import read_colmap
 from splatscale.data.images import ImageStore
 from splatscale.data.transforms import read_transforms
+from splatscale.errors import DataError
 from tests.conftest import data_path
 
 
@@ -165,3 +166,46 @@ def test_image_store_downscales_and_gives_bands(tmp_path):
     assert torch.equal(ImageStore(scene, resolution=2, cache_dir=tmp_path).image(3), image)
     capped = ImageStore(scene, max_width=100, cache_dir=tmp_path).camera(0)
     assert camera.width > capped.width == 100
+
+
+def transforms_with_absent_frames(root, present: int, absent: int) -> None:
+    for i in range(present):
+        write_png(root / f"f{i}.png", 8, 6)
+    frames = [{"file_path": f"f{i}.png", "transform_matrix": np.eye(4).tolist()}
+              for i in range(present + absent)]
+    (root / "transforms.json").write_text(json.dumps({"fl_x": 8.0, "frames": frames}))
+
+
+def test_absent_images_of_a_transforms_scene_are_named(tmp_path):
+    transforms_with_absent_frames(tmp_path, present=3, absent=5)
+    with pytest.raises(DataError) as error:
+        load_scene(tmp_path)
+    message = str(error.value)
+    assert "transforms.json: 5 of the 8 images it lists are missing" in message
+    assert "f3.png, f4.png, f5.png, ..." in message and "--skip-missing-images" in message
+    assert "COLMAP" not in message
+
+
+def test_absent_images_can_be_skipped(tmp_path, capsys):
+    transforms_with_absent_frames(tmp_path, present=3, absent=2)
+    scene = load_scene(tmp_path, skip_missing_images=True)
+    assert [v.camera.name for v in scene.views] == ["f0.png", "f1.png", "f2.png"]
+    assert ("transforms.json: 2 of the 5 images it lists are missing (f3.png, f4.png); "
+            "skipping them") in capsys.readouterr().err
+    snowmiku = data_path("snowmiku")
+    images = sorted(p.name for p in (snowmiku / "images").iterdir())
+    root = tmp_path / "colmap"
+    (root / "images").mkdir(parents=True)
+    (root / "sparse").symlink_to(snowmiku / "sparse")
+    for name in images[::2]:
+        (root / "images" / name).symlink_to(snowmiku / "images" / name)
+    scene = read_colmap(root, skip_missing_images=True)
+    assert [v.camera.name for v in scene.views] == images[::2]
+    assert f"{len(images[1::2])} of the {len(images)} images it lists are missing" \
+        in capsys.readouterr().err
+
+
+def test_a_scene_with_every_image_absent_is_refused(tmp_path):
+    transforms_with_absent_frames(tmp_path, present=0, absent=2)
+    with pytest.raises(DataError, match="all 2 of the 2 images it lists are missing"):
+        load_scene(tmp_path, skip_missing_images=True)

@@ -9,23 +9,22 @@ from splatscale.data.scene import Scene
 from splatscale.errors import DataError
 
 
-def load_scene(path: str | Path) -> Scene:
-    """The scene at ``path``: a COLMAP folder or a transforms.json scene."""
+def load_scene(path: str | Path, skip_missing_images: bool = False) -> Scene:
+    """The scene at ``path``: a transforms.json scene (a folder holding one, or the
+    file itself), else a COLMAP folder. Images the scene lists that are absent
+    are an error, or skipped with ``skip_missing_images``."""
     from splatscale.data.colmap import find_sparse_dir, read_colmap
     from splatscale.data.transforms import find_transforms, read_transforms
 
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
-    if path.is_file() and path.suffix == ".json":
-        return read_transforms(path)
     try:
         find_transforms(path)
-        return read_transforms(path)
-    except DataError:
-        pass
-    find_sparse_dir(path)  # raises naming the folder when it is neither format
-    return read_colmap(path)
+    except DataError:  # no transforms file: only a COLMAP model is left
+        find_sparse_dir(path)  # raises naming the folder when it is neither format
+        return read_colmap(path, skip_missing_images)
+    return read_transforms(path, skip_missing_images)
 
 
 __all__ = ["Camera", "Scene", "load_scene"]

@@ -8,10 +8,9 @@ import numpy as np
 import torch
 
 from splatscale.data.cameras import Camera
-from splatscale.data.scene import Distortion, Scene, View
+from splatscale.data.scene import Distortion, Scene, View, check_missing_images
 from splatscale.data.undistort import PINHOLE_MODELS, pinhole_K, undistorted_pinhole
 from splatscale.errors import DataError
-
 
 
 def find_sparse_dir(root: Path) -> Path:
@@ -29,10 +28,7 @@ def find_image_dir(root: Path, sparse: Path) -> Path:
     raise DataError(f"{root}: no images folder next to the COLMAP model")
 
 
-def _view(image, intrinsics, image_dir: Path, sparse: Path) -> View:
-    path = image_dir / image.name
-    if not path.is_file():
-        raise DataError(f"{path}: image named in {sparse} is missing")
+def _view(image, intrinsics, path: Path) -> View:
     model = intrinsics.model.name
     params = tuple(float(p) for p in intrinsics.params)
     distortion = None
@@ -48,8 +44,12 @@ def _view(image, intrinsics, image_dir: Path, sparse: Path) -> View:
     return View(camera, path, distortion)
 
 
-def read_colmap(root: str | Path) -> Scene:
-    """Views (world-to-camera, OpenCV axes; distorted models to be undistorted) and points."""
+def read_colmap(root: str | Path, skip_missing_images: bool = False) -> Scene:
+    """Views (world-to-camera, OpenCV axes; distorted models to be undistorted) and points.
+
+    Images the model names that are absent are an error, or skipped with
+    ``skip_missing_images``.
+    """
     import pycolmap
 
     root = Path(root)
@@ -62,7 +62,11 @@ def read_colmap(root: str | Path) -> Scene:
         raise DataError(f"{sparse}: the COLMAP model has no images")
     image_dir = find_image_dir(root, sparse)
     images = sorted(recon.images.values(), key=lambda im: im.name)
-    views = [_view(im, recon.cameras[im.camera_id], image_dir, sparse) for im in images]
+    present = [(image_dir / im.name).is_file() for im in images]
+    missing = [im.name for im, here in zip(images, present) if not here]
+    check_missing_images(missing, len(images), sparse, skip_missing_images)
+    views = [_view(im, recon.cameras[im.camera_id], image_dir / im.name)
+             for im, here in zip(images, present) if here]
     points = [point for _, point in sorted(recon.points3D.items())]  # by id: deterministic
     xyz = np.array([p.xyz for p in points], dtype=np.float64).reshape(-1, 3)
     rgb = np.array([p.color for p in points], dtype=np.uint8).reshape(-1, 3)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from splatscale.data.cameras import Camera
+from splatscale.errors import DataError
 
 
 @dataclass(frozen=True)
@@ -53,3 +55,18 @@ class Scene:
         centres = np.stack([self.views[i].camera.center.numpy() for i in ids])
         radius = np.linalg.norm(centres - centres.mean(axis=0), axis=1).max()
         return float(1.1 * max(radius, 1e-6))
+
+
+def check_missing_images(missing: list[str], listed: int, source: Path,
+                         skip_missing: bool) -> None:
+    """Refuse a scene whose file lists images that are absent, naming the first few;
+    with ``skip_missing`` say how many are skipped and go on with the rest."""
+    if not missing:
+        return
+    names = ", ".join(missing[:3]) + (", ..." if len(missing) > 3 else "")
+    what = f"{len(missing)} of the {listed} images it lists are missing ({names})"
+    if not skip_missing:
+        raise DataError(f"{source}: {what}; --skip-missing-images trains on the others")
+    if len(missing) == listed:
+        raise DataError(f"{source}: all {what}")
+    print(f"splatscale: {source}: {what}; skipping them", file=sys.stderr)

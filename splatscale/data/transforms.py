@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from splatscale.data.cameras import Camera
-from splatscale.data.scene import Distortion, Scene, View
+from splatscale.data.scene import Distortion, Scene, View, check_missing_images
 from splatscale.data.undistort import undistorted_pinhole
 from splatscale.errors import DataError
 
@@ -40,12 +40,13 @@ def _load_json(path: Path) -> dict:
     return meta
 
 
-def _image_path(base: Path, file_path: str, source: Path) -> Path:
+def _image_path(base: Path, file_path: str) -> Path | None:
+    """The frame's image (its name may omit the suffix), or None when absent."""
     for suffix in IMAGE_SUFFIXES:
         candidate = base / (file_path + suffix)
         if candidate.is_file():
             return candidate
-    raise DataError(f"{base / file_path}: image named in {source} is missing")
+    return None
 
 
 def _intrinsics(meta: dict, frame: dict, image_path: Path, source: Path):
@@ -86,10 +87,7 @@ def _distortion(fx, fy, cx, cy, width, height, k: dict, camera_model: str) -> Di
                       width, height)
 
 
-def _view(meta: dict, frame: dict, base: Path, source: Path) -> View:
-    if "file_path" not in frame or "transform_matrix" not in frame:
-        raise DataError(f"{source}: a frame lacks file_path or transform_matrix")
-    path = _image_path(base, frame["file_path"], source)
+def _view(meta: dict, frame: dict, path: Path, source: Path) -> View:
     fx, fy, cx, cy, width, height, k, model = _intrinsics(meta, frame, path, source)
     c2w = np.array(frame["transform_matrix"], dtype=np.float64)
     if c2w.shape != (4, 4):
@@ -123,17 +121,32 @@ def _read_ply_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return xyz, rgb
 
 
-def read_transforms(root: str | Path) -> Scene:
+def _frame_images(meta: dict, base: Path, source: Path,
+                  skip_missing: bool) -> list[tuple[dict, Path]]:
+    """(frame, image path) of every frame whose image is present."""
+    frames = meta["frames"]
+    if not all(isinstance(f, dict) and "file_path" in f and "transform_matrix" in f
+               for f in frames):
+        raise DataError(f"{source}: a frame lacks file_path or transform_matrix")
+    paths = [_image_path(base, str(frame["file_path"])) for frame in frames]
+    missing = [str(f["file_path"]) for f, p in zip(frames, paths) if p is None]
+    check_missing_images(missing, len(frames), source, skip_missing)
+    return [(frame, path) for frame, path in zip(frames, paths) if path is not None]
+
+
+def read_transforms(root: str | Path, skip_missing_images: bool = False) -> Scene:
     """Views of every transforms file of the scene (train, val, test), sorted by name.
 
     The split files of NeRF-synthetic scenes are all read; the train/test split
-    is then made by the every-8th rule like any other scene.
+    is then made by the every-8th rule like any other scene. Frames whose
+    images are absent are an error, or skipped with ``skip_missing_images``.
     """
     root = Path(root)
     views, ply = [], None
     for path in find_transforms(root):
         meta = _load_json(path)
-        views += [_view(meta, frame, path.parent, path) for frame in meta["frames"]]
+        views += [_view(meta, frame, image, path)
+                  for frame, image in _frame_images(meta, path.parent, path, skip_missing_images)]
         if meta.get("ply_file_path"):
             ply = path.parent / meta["ply_file_path"]
     views.sort(key=lambda v: v.camera.name)
