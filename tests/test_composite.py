@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from splatscale.render import project
+from splatscale.model.gaussians import SH_C0
+from splatscale.render import project, render
 from splatscale.render.binning import bin_tiles
 from splatscale.render.cpu_kernels import ALPHA_MAX, ALPHA_MIN, T_MIN
 from splatscale.render.rasterize import composite
@@ -111,3 +112,29 @@ def test_empty_image_is_background():
     assert torch.equal(rgb, background.expand(18, 20, 3))
     assert torch.equal(depth_sum, torch.zeros(18, 20, dtype=torch.float64))
     assert torch.equal(alpha, torch.zeros(18, 20, dtype=torch.float64))
+
+
+def test_opacity_aware_boxes_change_no_pixel():
+    """The render equals compositing every Gaussian in front of the camera at every
+    pixel, with no box and no opacity cull: outside its opacity-aware box (and below
+    opacity 1/255) a Gaussian's alpha is under 1/255 everywhere."""
+    gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl")
+    model = random_model(150, seed=7, spread=1.2, log_scale=(-2.5, -1.0), opacity=(0.001, 0.999),
+                         sh_degree=0)
+    with torch.no_grad():
+        model.opacity_logits[:10] = -5.5    # just above 1/255: a box of a fraction of a sigma
+        model.opacity_logits[10:20] = -6.0  # below 1/255: culled
+    camera = look_at_camera([0, 0, 3.5], [0, 0, 0], width=45, height=37, focal=40.0)
+    covars, _ = gsplat_torch._quat_scale_to_covar_preci(model.quats, model.scales,
+                                                        compute_preci=False)
+    _, means2d, depths, conics, _ = gsplat_torch._fully_fused_projection(
+        model.means, covars, camera.viewmat[None], camera.K[None], camera.width, camera.height)
+    in_front = depths[0] > 0.01
+    colors = torch.clamp_min(model.sh0[:, 0] * SH_C0 + 0.5, 0)
+    want, _ = brute_force_composite(means2d[0][in_front], conics[0][in_front], colors[in_front],
+                                    model.opacities[in_front], torch.zeros(3, dtype=torch.float64),
+                                    depths[0][in_front], camera.width, camera.height)
+    splats = project(model, [camera])
+    assert len(splats) < in_front.sum(), "some Gaussians must be culled by opacity"
+    got = render(model, camera, background=torch.zeros(3, dtype=torch.float64)).rgb
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)

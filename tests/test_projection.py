@@ -29,7 +29,8 @@ def garden():
         means=means,
         quats=torch.from_numpy(rng.normal(size=(n, 4))),
         log_scales=torch.from_numpy(np.log(scales)),
-        opacity_logits=torch.from_numpy(rng.normal(size=n)),
+        # Some below opacity 1/255 (logit -5.54), which gsplat's kernels cull.
+        opacity_logits=torch.from_numpy(rng.normal(size=n) * 2.5),
         sh0=torch.from_numpy(rng.normal(size=(n, 1, 3))),
         shN=torch.from_numpy(0.2 * rng.normal(size=(n, SH_REST, 3))),
     )
@@ -39,16 +40,31 @@ def garden():
     return model, cameras
 
 
-def assert_radii_match(radii: torch.Tensor, reference_conics: torch.Tensor) -> None:
-    """Radii are ceil(3.33 sigma) per axis. Two implementations round sigma
-    differently in the last bits, so where 3.33 sigma lies within 1e-9 of an integer
-    either neighbour is right; everywhere else the integers must be equal."""
-    a, b, c = reference_conics.unbind(-1)
+def gsplat_kernel_boxes(radii, means2d, conics, opacities, width: int, height: int):
+    """gsplat 1.5.3's CUDA visibility rule (ProjectionEWA3DGSPacked.cu), which its
+    torch reference lacks, applied to that reference's geometry: cull opacity below
+    1/255; per-axis box of min(3.33, sqrt(2 ln(255 opacity))) sigmas; the image test.
+    Returns (unrounded box half-extents [C, N, 2], visible [C, N])."""
+    a, b, c = conics.unbind(-1)
     det = a * c - b * b
-    extent = 3.33 * torch.sqrt(torch.stack([c / det, a / det], dim=-1))
-    on_edge = (extent - extent.round()).abs() < 1e-9 * extent
-    assert torch.equal(radii[~on_edge], torch.ceil(extent)[~on_edge].to(torch.int32))
-    assert ((radii - extent)[on_edge].abs() <= 1).all()
+    sigma = torch.sqrt(torch.stack([c / det, a / det], dim=-1))  # of the 2D covariance
+    sigmas = torch.sqrt(2 * torch.log(opacities * 255)).clamp(max=3.33)
+    exact = sigmas[None, :, None] * sigma
+    box = torch.ceil(exact)
+    # The reference's radii > 0: a valid projection whose 3.33-sigma box meets the image.
+    visible = ((radii > 0).all(dim=-1) & (opacities >= 1 / 255)[None] & (box > 0).any(dim=-1)
+               & (means2d + box > 0).all(dim=-1) & (means2d[..., 0] - box[..., 0] < width)
+               & (means2d[..., 1] - box[..., 1] < height))
+    return exact, visible
+
+
+def assert_radii_match(radii: torch.Tensor, exact: torch.Tensor) -> None:
+    """Radii are the ceil of the unrounded half-extents. Two implementations round
+    those differently in the last bits, so where one lies within 1e-9 of an integer
+    either neighbour is right; everywhere else the integers must be equal."""
+    on_edge = (exact - exact.round()).abs() < 1e-9 * exact
+    assert torch.equal(radii[~on_edge], torch.ceil(exact)[~on_edge].to(torch.int32))
+    assert ((radii - exact)[on_edge].abs() <= 1).all()
 
 
 def test_projection_matches_gsplat(garden):
@@ -57,15 +73,17 @@ def test_projection_matches_gsplat(garden):
                                                         compute_preci=False)
     viewmats = torch.stack([c.viewmat for c in cameras])
     Ks = torch.stack([c.K for c in cameras])
+    width, height = cameras[0].width, cameras[0].height
     radii, means2d, depths, conics, _ = gsplat_torch._fully_fused_projection(
-        model.means, covars, viewmats, Ks, cameras[0].width, cameras[0].height)
+        model.means, covars, viewmats, Ks, width, height)
+    exact, visible = gsplat_kernel_boxes(radii, means2d, conics, model.opacities, width, height)
     splats = project(model, cameras)
 
-    visible = (radii > 0).all(dim=-1)
     c, g = splats.camera_ids, splats.gaussian_ids
     assert visible.sum() == len(splats) and visible[c, g].all()
     assert 0.05 < len(splats) / visible.numel() < 0.95, "the scene must have both kinds"
-    assert_radii_match(splats.radii, conics[c, g])
+    assert ((radii > 0).all(dim=-1) & ~visible).sum() > 1000, "the opacity rule must cull some"
+    assert_radii_match(splats.radii, exact[c, g])
     torch.testing.assert_close(splats.means2d, means2d[c, g], rtol=1e-10, atol=1e-8)
     torch.testing.assert_close(splats.depths, depths[c, g], rtol=1e-12, atol=0)
     torch.testing.assert_close(splats.conics, conics[c, g], rtol=1e-8, atol=1e-10)

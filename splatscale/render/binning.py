@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-TILE_SIZE = 16
+from splatscale.render.conventions import TILE_SIZE
 
 
 @dataclass

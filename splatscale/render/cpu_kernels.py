@@ -3,7 +3,7 @@
 Each tile is independent (``prange`` over tiles). Inside a tile the loop over
 its depth-sorted splats is outside and the 256 pixels are inside, so LLVM
 vectorises the pixel loop; every per-pixel decision is a select, not a branch.
-Each splat is evaluated only on the tile rows its 3.33-sigma box reaches. The
+Each splat is evaluated only on the tile rows its box reaches. The
 kernels composite exactly four channels, RGB and depth, fused into the pixel
 loop rather than looped over.
 The backward pass writes one gradient row per intersection; rows are summed per
@@ -23,11 +23,10 @@ import numpy as np
 from llvmlite import ir
 from numba.extending import intrinsic, overload
 
-TILE = 16
+from splatscale.render.conventions import ALPHA_MAX, ALPHA_MIN, T_MIN
+from splatscale.render.conventions import TILE_SIZE as TILE
+
 PIXELS = TILE * TILE
-ALPHA_MAX = 0.999
-ALPHA_MIN = 1.0 / 255.0
-T_MIN = 1e-4
 # Beyond this sigma, alpha < 1/255 whatever the opacity (ln 255 = 5.54), so exp's value is moot.
 SIGMA_CAP = 10.0
 

@@ -15,13 +15,9 @@ from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
+from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FRUSTUM_CLAMP,
+                                           NEAR_PLANE, RADIUS_SIGMAS)
 from splatscale.render.sh import sh_to_color
-
-FRUSTUM_CLAMP = 1.3
-EPS2D = 0.3
-NEAR_PLANE = 0.01
-FAR_PLANE = 1e10
-RADIUS_SIGMAS = 3.33
 
 
 @dataclass
@@ -125,14 +121,27 @@ def _project_pairs(means: Tensor, factors: Tensor, viewmats: Tensor, Ks: Tensor,
     return _Projected(means2d, cov2d, z)
 
 
-def _radii_and_visibility(proj: _Projected, sizes: Tensor) -> tuple[Tensor, Tensor]:
+def box_sigmas(opacities: Tensor) -> Tensor:
+    """Half-extent of a splat's box in sigmas: min(3.33, sqrt(2 ln(255 opacity))).
+
+    Beyond it opacity exp(-sigma) < 1/255, so no pixel outside the box takes
+    the splat (gsplat's opacity-aware box); below opacity 1/255 it is culled.
+    """
+    return torch.sqrt(2 * torch.log(opacities.clamp_min(ALPHA_MIN) / ALPHA_MIN)).clamp_max(
+        RADIUS_SIGMAS)
+
+
+def _radii_and_visibility(proj: _Projected, opacities: Tensor,
+                          sizes: Tensor) -> tuple[Tensor, Tensor]:
     cxx, cxy, cyy = proj.cov2d.unbind(-1)
     det = cxx * cyy - cxy * cxy
-    radii = torch.stack([torch.ceil(RADIUS_SIGMAS * torch.sqrt(cxx)),
-                         torch.ceil(RADIUS_SIGMAS * torch.sqrt(cyy))], dim=-1)
+    sigmas = box_sigmas(opacities)
+    radii = torch.stack([torch.ceil(sigmas * torch.sqrt(cxx)),
+                         torch.ceil(sigmas * torch.sqrt(cyy))], dim=-1)
     mx, my = proj.means2d.unbind(-1)
     rx, ry = radii.unbind(-1)
     visible = ((det > 0) & (proj.depths > NEAR_PLANE) & (proj.depths < FAR_PLANE)
+               & (opacities >= ALPHA_MIN) & ((rx > 0) | (ry > 0))
                & (mx + rx > 0) & (mx - rx < sizes[..., 0])
                & (my + ry > 0) & (my - ry < sizes[..., 1]))
     return torch.nan_to_num(radii).to(torch.int32), visible
@@ -156,7 +165,8 @@ def project(model: GaussianModel, cameras: Sequence[Camera] | Camera) -> Splats:
         factors = covariance_factor(model.quats, model.scales)
         dense = _project_pairs(model.means[None], factors[None], viewmats[:, None],
                                Ks[:, None], sizes[:, None])
-        radii, visible = _radii_and_visibility(dense, sizes[:, None])
+        radii, visible = _radii_and_visibility(dense, torch.sigmoid(model.opacity_logits),
+                                               sizes[:, None])
     camera_ids, gaussian_ids = visible.nonzero(as_tuple=True)
     offsets = [0] + torch.cumsum(torch.bincount(camera_ids, minlength=len(cameras)), 0).tolist()
 
