@@ -209,3 +209,37 @@ def test_a_scene_with_every_image_absent_is_refused(tmp_path):
     transforms_with_absent_frames(tmp_path, present=0, absent=2)
     with pytest.raises(DataError, match="all 2 of the 2 images it lists are missing"):
         load_scene(tmp_path, skip_missing_images=True)
+
+
+@pytest.mark.parametrize("mode, values, expected", [
+    ("I;16", [0, 257 * 128, 65535], [0, 128, 255]),   # 16-bit grey PNG
+    ("I", [0, 257 * 64, 65535], [0, 64, 255]),        # 32-bit integer grey (TIFF)
+    ("F", [0.0, 0.5, 1.0], [0, 128, 255]),            # float grey (TIFF)
+    ("L", [0, 100, 255], [0, 100, 255]),
+    ("1", [0, 1, 1], [0, 255, 255]),
+])
+def test_every_pillow_mode_decodes_to_8_bit_rgb(tmp_path, mode, values, expected):
+    from splatscale.data.images import _decode
+
+    array = np.array([values], dtype={"I;16": np.uint16, "I": np.int32, "F": np.float32,
+                                      "L": np.uint8, "1": bool}[mode])
+    path = tmp_path / ("image.tif" if mode in ("I", "F") else "image.png")
+    Image.fromarray(array).save(path)
+    with Image.open(path) as image:
+        assert image.mode == mode, image.mode
+    decoded = _decode(path, (0.0, 0.0, 0.0))
+    assert decoded.dtype == np.uint8 and decoded.shape == (1, 3, 3)
+    np.testing.assert_array_equal(decoded[0, :, 0], expected)
+    np.testing.assert_array_equal(decoded[..., 0], decoded[..., 2])
+
+
+def test_an_edited_image_is_not_read_stale_from_the_cache(tmp_path):
+    root = tmp_path / "scene"
+    root.mkdir()
+    write_png(root / "f0.png", 32, 24, value=40)
+    frames = [{"file_path": "f0.png", "transform_matrix": np.eye(4).tolist()}]
+    (root / "transforms.json").write_text(json.dumps({"fl_x": 30.0, "frames": frames}))
+    scene = read_transforms(root)
+    assert ImageStore(scene, resolution=2, cache_dir=tmp_path / "c").image(0).float().mean() == 40
+    write_png(root / "f0.png", 32, 24, value=200)
+    assert ImageStore(scene, resolution=2, cache_dir=tmp_path / "c").image(0).float().mean() == 200

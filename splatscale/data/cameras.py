@@ -7,6 +7,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+# Poses stored in float32 (or printed to a few digits in text files) are
+# orthonormal only to about 1e-6; anything beyond 1e-4 is a scaled or sheared matrix.
+ROTATION_TOLERANCE = 1e-4
+
 
 @dataclass(frozen=True)
 class Camera:
@@ -37,6 +41,23 @@ class Camera:
         """Camera centre in world coordinates."""
         rotation, translation = self.viewmat[:3, :3], self.viewmat[:3, 3]
         return -rotation.T @ translation
+
+    def problem(self) -> str | None:
+        """What makes this camera unusable, or None: the pose must be finite and rigid
+        (a proper rotation), the focal lengths positive, the principal point finite."""
+        viewmat, K = self.viewmat.double(), self.K.double()
+        if not (torch.isfinite(viewmat).all() and torch.isfinite(K).all()):
+            return "the pose or intrinsics hold NaN or infinite values"
+        rotation = viewmat[:3, :3]
+        orthonormal = torch.allclose(rotation @ rotation.T, torch.eye(3, dtype=torch.float64),
+                                     atol=ROTATION_TOLERANCE)
+        if not orthonormal or torch.linalg.det(rotation) < 0:
+            return "the rotation is not a proper rotation (orthonormal, determinant +1)"
+        if not torch.equal(viewmat[3], torch.tensor([0.0, 0.0, 0.0, 1.0], dtype=torch.float64)):
+            return "the pose's last row is not 0 0 0 1"
+        if K[0, 0] <= 0 or K[1, 1] <= 0:
+            return f"focal lengths must be positive, got {K[0, 0].item():g}, {K[1, 1].item():g}"
+        return None
 
     @staticmethod
     def from_pose(rotation: Tensor, translation: Tensor, K: Tensor, width: int, height: int,

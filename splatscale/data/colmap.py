@@ -8,7 +8,8 @@ import numpy as np
 import torch
 
 from splatscale.data.cameras import Camera
-from splatscale.data.scene import Distortion, Scene, View, check_missing_images
+from splatscale.data.scene import (Distortion, Scene, View, check_cameras,
+                                   check_missing_images)
 from splatscale.data.undistort import PINHOLE_MODELS, pinhole_K, undistorted_pinhole
 from splatscale.errors import DataError
 
@@ -67,6 +68,7 @@ def read_colmap(root: str | Path, skip_missing_images: bool = False) -> Scene:
     check_missing_images(missing, len(images), sparse, skip_missing_images)
     views = [_view(im, recon.cameras[im.camera_id], image_dir / im.name)
              for im, here in zip(images, present) if here]
+    check_cameras(views, sparse)
     points = [point for _, point in sorted(recon.points3D.items())]  # by id: deterministic
     xyz = np.array([p.xyz for p in points], dtype=np.float64).reshape(-1, 3)
     rgb = np.array([p.color for p in points], dtype=np.uint8).reshape(-1, 3)

@@ -12,7 +12,7 @@ from PIL import Image
 
 from splatscale.atomic import atomic_path
 from splatscale.data.cameras import Camera
-from splatscale.data.scene import Scene
+from splatscale.data.scene import Scene, View
 from splatscale.data.undistort import undistort_image
 from splatscale.errors import DataError
 
@@ -22,25 +22,58 @@ def default_cache_dir() -> Path:
     return Path(base) / "splatscale"
 
 
+# Pillow's single-channel modes wider than 8 bits, and the full scale of each.
+WIDE_GREY = {"I;16": 65535, "I;16B": 65535, "I;16L": 65535, "I;16N": 65535,
+             "I": 65535, "F": 1.0}
+
+
 def _decode(path: Path, background: tuple[float, float, float]) -> np.ndarray:
-    """uint8 RGB [h, w, 3]; an alpha channel is composited over ``background``."""
+    """uint8 RGB [h, w, 3] whatever Pillow's mode; alpha is composited over ``background``.
+
+    16-bit and 32-bit integer grey (PNG, TIFF) are scaled from 0..65535, float
+    grey from 0..1; Pillow's own conversion would clip them to white.
+    """
     try:
         with Image.open(path) as image:
             image.load()
-            if image.mode in ("RGBA", "LA") or "transparency" in image.info:
-                rgba = np.asarray(image.convert("RGBA"), dtype=np.float32) / 255.0
-                bg = np.asarray(background, dtype=np.float32)
-                rgb = rgba[..., :3] * rgba[..., 3:] + bg * (1.0 - rgba[..., 3:])
-                return np.clip(np.rint(rgb * 255.0), 0, 255).astype(np.uint8)
-            return np.array(image.convert("RGB"), dtype=np.uint8)
+            return _to_rgb8(image, background)
     except OSError as error:  # PIL's UnidentifiedImageError and truncated data are OSErrors
         raise DataError(f"{path}: not a readable image ({error})") from None
+
+
+def _to_rgb8(image: Image.Image, background: tuple[float, float, float]) -> np.ndarray:
+    if image.mode in WIDE_GREY:
+        grey = np.asarray(image, dtype=np.float64) / WIDE_GREY[image.mode]
+        grey = np.clip(np.rint(grey * 255.0), 0, 255).astype(np.uint8)
+        return np.repeat(grey[..., None], 3, axis=2)
+    if "A" in image.mode or "a" in image.mode or "transparency" in image.info:
+        rgba = np.asarray(image.convert("RGBA"), dtype=np.float32) / 255.0
+        bg = np.asarray(background, dtype=np.float32)
+        rgb = rgba[..., :3] * rgba[..., 3:] + bg * (1.0 - rgba[..., 3:])
+        return np.clip(np.rint(rgb * 255.0), 0, 255).astype(np.uint8)
+    return np.array(image.convert("RGB"), dtype=np.uint8)
 
 
 def write_png(array: np.ndarray, path: Path) -> None:
     """Atomically: a half-written file must never be read back."""
     with atomic_path(path) as tmp:
         Image.fromarray(array).save(tmp, format="PNG")
+
+
+def _check_size(view: View, size: tuple[int, int]) -> None:
+    """An image must have its camera's size: the distorted camera's exactly, a pinhole
+    camera's or a multiple of it with the same aspect (a downscaled copy)."""
+    width, height = size
+    if view.distortion is not None:
+        expected = (view.distortion.width, view.distortion.height)
+        if size != expected:
+            raise DataError(f"{view.image_path}: image is {width}x{height}, its camera says "
+                            f"{expected[0]}x{expected[1]}")
+        return
+    cam = view.camera
+    if abs(width / height - cam.width / cam.height) > 0.01:
+        raise DataError(f"{view.image_path}: image is {width}x{height}, its camera says "
+                        f"{cam.width}x{cam.height}")
 
 
 class ImageStore:
@@ -82,14 +115,27 @@ class ImageStore:
         return len(self._cameras)
 
     def check(self) -> None:
-        """Open every image's header now, so a missing or unreadable file is reported
-        before training writes anything."""
+        """Open every image's header now, so a missing or unreadable file, or one whose
+        size does not fit its camera, is reported before training writes anything."""
         for view in self.scene.views:
             try:
                 with Image.open(view.image_path) as image:
+                    size = image.size
                     image.verify()
             except OSError as error:
                 raise DataError(f"{view.image_path}: not a readable image ({error})") from None
+            _check_size(view, size)
+
+    def fingerprint(self) -> str:
+        """A digest of every view's camera (at this resolution) and image file size, so
+        a checkpoint can tell whether it is resumed on the same scene."""
+        digest = hashlib.sha1()
+        for camera, view in zip(self._cameras, self.scene.views):
+            numbers = torch.cat([camera.viewmat.flatten(), camera.K.flatten()]).double()
+            digest.update(f"{camera.name}:{camera.width}x{camera.height}:"
+                          f"{view.image_path.stat().st_size}:".encode())
+            digest.update(numbers.mul(1e6).round().numpy().tobytes())
+        return digest.hexdigest()
 
     def camera(self, index: int) -> Camera:
         return self._cameras[index]
@@ -104,8 +150,12 @@ class ImageStore:
         return image if rows is None else image[rows[0]:rows[1]]
 
     def _cache_path(self, index: int) -> Path:
-        camera = self._cameras[index]
-        name = hashlib.sha1(camera.name.encode()).hexdigest()[:16]
+        """Keyed by the source file's name, size and modification time, so an edited
+        image is processed again rather than read stale from the cache."""
+        camera, source = self._cameras[index], self.scene.views[index].image_path
+        stat = source.stat()
+        key = f"{camera.name}\0{stat.st_size}\0{stat.st_mtime_ns}"
+        name = hashlib.sha1(key.encode()).hexdigest()[:16]
         bg = "".join(f"{round(c * 255):02x}" for c in self.background)
         return self.cache_dir / f"{camera.width}x{camera.height}_{bg}" / f"{name}.png"
 
@@ -123,7 +173,7 @@ class ImageStore:
             except ValueError as error:
                 raise DataError(f"{view.image_path}: {error}") from None
         elif image.shape[:2] != (view.camera.height, view.camera.width):
-            image = self._fit(image, view, index)
+            image = self._fit(image, view)
         if image.shape[:2] != (camera.height, camera.width):
             resized = Image.fromarray(image).resize((camera.width, camera.height),
                                                     Image.Resampling.LANCZOS)
@@ -132,15 +182,12 @@ class ImageStore:
             write_png(image, cached)
         return image
 
-    def _fit(self, image: np.ndarray, view, index: int) -> np.ndarray:
-        """An image stored at another size than its camera: same aspect only."""
-        h, w = image.shape[:2]
-        cam = view.camera
-        if abs(w / h - cam.width / cam.height) > 0.01:
-            raise DataError(f"{view.image_path}: image is {w}x{h}, its camera says "
-                            f"{cam.width}x{cam.height}")
-        return np.array(Image.fromarray(image).resize((cam.width, cam.height),
-                                                        Image.Resampling.LANCZOS))
+    @staticmethod
+    def _fit(image: np.ndarray, view: View) -> np.ndarray:
+        """An image stored at another size than its camera (same aspect: ``check``)."""
+        _check_size(view, (image.shape[1], image.shape[0]))
+        size = (view.camera.width, view.camera.height)
+        return np.array(Image.fromarray(image).resize(size, Image.Resampling.LANCZOS))
 
     def as_float(self, index: int, rows: tuple[int, int] | None = None,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:

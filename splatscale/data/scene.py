@@ -57,6 +57,16 @@ class Scene:
         return float(1.1 * max(radius, 1e-6))
 
 
+def check_cameras(views: list[View], source: Path) -> None:
+    """Refuse the scene if any view's camera is unusable, naming it and the problem."""
+    bad = [(view.camera.name, problem) for view in views
+           if (problem := view.camera.problem()) is not None]
+    if bad:
+        name, problem = bad[0]
+        others = f" (and {len(bad) - 1} more cameras)" if len(bad) > 1 else ""
+        raise DataError(f"{source}: camera of {name}: {problem}{others}")
+
+
 def check_missing_images(missing: list[str], listed: int, source: Path,
                          skip_missing: bool) -> None:
     """Refuse a scene whose file lists images that are absent, naming the first few;

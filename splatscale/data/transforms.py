@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from splatscale.data.cameras import Camera
-from splatscale.data.scene import Distortion, Scene, View, check_missing_images
+from splatscale.data.scene import (Distortion, Scene, View, check_cameras,
+                                   check_missing_images)
 from splatscale.data.undistort import undistorted_pinhole
 from splatscale.errors import DataError
 
@@ -49,7 +50,24 @@ def _image_path(base: Path, file_path: str) -> Path | None:
     return None
 
 
-def _intrinsics(meta: dict, frame: dict, image_path: Path, source: Path):
+def _number(value, key: str, where: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise DataError(f"{where}: {key} is not a number ({value!r})") from None
+    if not math.isfinite(number):
+        raise DataError(f"{where}: {key} is not finite ({value!r})")
+    return number
+
+
+def _focal_from_angle(size: int, value, key: str, where: str) -> float:
+    angle = _number(value, key, where)
+    if not 0 < angle < math.pi:
+        raise DataError(f"{where}: {key} must be an angle in (0, pi) radians, got {value!r}")
+    return 0.5 * size / math.tan(0.5 * angle)
+
+
+def _intrinsics(meta: dict, frame: dict, image_path: Path, where: str):
     """(fx, fy, cx, cy, width, height, distortion params) with frame values over global."""
     get = lambda key, default=None: frame.get(key, meta.get(key, default))  # noqa: E731
     width, height = get("w"), get("h")
@@ -59,18 +77,21 @@ def _intrinsics(meta: dict, frame: dict, image_path: Path, source: Path):
                 width, height = image.size
         except OSError as error:
             raise DataError(f"{image_path}: not a readable image ({error})") from None
+    width, height = _number(width, "w", where), _number(height, "h", where)
+    if width < 1 or height < 1 or width != int(width) or height != int(height):
+        raise DataError(f"{where}: image size {width:g}x{height:g} is not a positive size")
     width, height = int(width), int(height)
     if get("fl_x") is not None:
-        fx = float(get("fl_x"))
-        fy = float(get("fl_y", fx))
+        fx = _number(get("fl_x"), "fl_x", where)
+        fy = _number(get("fl_y", fx), "fl_y", where)
     elif get("camera_angle_x") is not None:
-        fx = 0.5 * width / math.tan(0.5 * float(get("camera_angle_x")))
+        fx = _focal_from_angle(width, get("camera_angle_x"), "camera_angle_x", where)
         angle_y = get("camera_angle_y")
-        fy = 0.5 * height / math.tan(0.5 * float(angle_y)) if angle_y is not None else fx
+        fy = fx if angle_y is None else _focal_from_angle(height, angle_y, "camera_angle_y", where)
     else:
-        raise DataError(f"{source}: no focal length (fl_x or camera_angle_x)")
-    cx, cy = float(get("cx", width / 2)), float(get("cy", height / 2))
-    coefficients = {k: float(get(k, 0.0)) for k in ("k1", "k2", "k3", "k4", "p1", "p2")}
+        raise DataError(f"{where}: no focal length (fl_x or camera_angle_x)")
+    cx, cy = _number(get("cx", width / 2), "cx", where), _number(get("cy", height / 2), "cy", where)
+    coefficients = {k: _number(get(k, 0.0), k, where) for k in ("k1", "k2", "k3", "k4", "p1", "p2")}
     return fx, fy, cx, cy, width, height, coefficients, get("camera_model", "OPENCV")
 
 
@@ -87,13 +108,25 @@ def _distortion(fx, fy, cx, cy, width, height, k: dict, camera_model: str) -> Di
                       width, height)
 
 
-def _view(meta: dict, frame: dict, path: Path, source: Path) -> View:
-    fx, fy, cx, cy, width, height, k, model = _intrinsics(meta, frame, path, source)
-    c2w = np.array(frame["transform_matrix"], dtype=np.float64)
-    if c2w.shape != (4, 4):
-        raise DataError(f"{source}: transform_matrix of {frame['file_path']} is not 4x4")
+def _world_to_camera(frame: dict, where: str) -> np.ndarray:
+    """The frame's transform_matrix (camera to world, OpenGL axes) as an OpenCV viewmat."""
+    try:
+        c2w = np.array(frame["transform_matrix"], dtype=np.float64)
+    except (TypeError, ValueError):
+        c2w = None
+    if c2w is None or c2w.shape != (4, 4) or not np.isfinite(c2w).all():
+        raise DataError(f"{where}: transform_matrix is not a 4x4 matrix of finite numbers")
     c2w[:3, 1:3] *= -1  # OpenGL camera axes (y up, z back) to OpenCV (y down, z forward)
-    viewmat = torch.from_numpy(np.linalg.inv(c2w))
+    try:
+        return np.linalg.inv(c2w)
+    except np.linalg.LinAlgError:
+        raise DataError(f"{where}: transform_matrix is singular") from None
+
+
+def _view(meta: dict, frame: dict, path: Path, source: Path) -> View:
+    where = f"{source}: frame {frame['file_path']}"
+    fx, fy, cx, cy, width, height, k, model = _intrinsics(meta, frame, path, where)
+    viewmat = torch.from_numpy(_world_to_camera(frame, where))
     distortion = _distortion(fx, fy, cx, cy, width, height, k, model)
     if distortion is None:
         K = torch.tensor([[fx, 0, cx], [0, fy, cy], [0, 0, 1]], dtype=torch.float64)
@@ -125,9 +158,10 @@ def _frame_images(meta: dict, base: Path, source: Path,
                   skip_missing: bool) -> list[tuple[dict, Path]]:
     """(frame, image path) of every frame whose image is present."""
     frames = meta["frames"]
-    if not all(isinstance(f, dict) and "file_path" in f and "transform_matrix" in f
-               for f in frames):
-        raise DataError(f"{source}: a frame lacks file_path or transform_matrix")
+    if not all(isinstance(f, dict) and "transform_matrix" in f for f in frames):
+        raise DataError(f"{source}: a frame lacks transform_matrix")
+    if not all(isinstance(f.get("file_path"), str) and f["file_path"] for f in frames):
+        raise DataError(f"{source}: a frame's file_path is not a file name")
     paths = [_image_path(base, str(frame["file_path"])) for frame in frames]
     missing = [str(f["file_path"]) for f, p in zip(frames, paths) if p is None]
     check_missing_images(missing, len(frames), source, skip_missing)
@@ -145,8 +179,10 @@ def read_transforms(root: str | Path, skip_missing_images: bool = False) -> Scen
     views, ply = [], None
     for path in find_transforms(root):
         meta = _load_json(path)
-        views += [_view(meta, frame, image, path)
-                  for frame, image in _frame_images(meta, path.parent, path, skip_missing_images)]
+        file_views = [_view(meta, frame, image, path) for frame, image
+                      in _frame_images(meta, path.parent, path, skip_missing_images)]
+        check_cameras(file_views, path)
+        views += file_views
         if meta.get("ply_file_path"):
             ply = path.parent / meta["ply_file_path"]
     views.sort(key=lambda v: v.camera.name)
