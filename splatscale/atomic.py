@@ -22,6 +22,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         with open(tmp, "rb") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+    except OSError as error:
+        if error.filename is None:  # a write through a file object names no file
+            raise OSError(error.errno, error.strerror, str(path)) from None
+        raise
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)

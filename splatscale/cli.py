@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from pathlib import Path
-
-import numba
-import torch
 
 from splatscale.errors import SplatscaleError
 
@@ -16,21 +15,48 @@ a batch of B views makes N/B steps, so changing B keeps the training budget
 (and every schedule: densification, opacity reset, SH degree, learning rate)."""
 
 
+# numba refuses more threads than it started with (NUMBA_NUM_THREADS, default: the cores).
+MAX_THREADS = int(os.environ.get("NUMBA_NUM_THREADS") or os.cpu_count() or 1)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line, like every other error, with exit status 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"splatscale: error: {message} (see --help)\n")
+
+
+def _integer(low: int, high: int | None = None):
+    """An argparse type: an integer in [low, high]."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"at least {low}" if high is None else f"between {low} and {high}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
+        return value
+    return parse
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: all)")
+    parser.add_argument("--threads", type=_integer(1, MAX_THREADS),
+                        default=None, help="CPU threads (default: all)")
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="where undistorted/downscaled images are cached "
                              "(default: ~/.cache/splatscale)")
     parser.add_argument("--resolution", type=int, default=1, choices=(1, 2, 4, 8),
                         help="divide image sizes by this")
-    parser.add_argument("--max-width", type=int, default=None, help="cap the image width")
+    parser.add_argument("--max-width", type=_integer(16), default=None,
+                        help="cap the image width (pixels, at least 16)")
     parser.add_argument("--skip-missing-images", action="store_true",
                         help="use the views whose images are present when the scene lists "
                              "some that are absent (default: refuse, naming them)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="splatscale", description=__doc__)
+    parser = _Parser(prog="splatscale", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     train = sub.add_parser("train", help="train a model", description=TRAIN_HELP)
@@ -38,18 +64,22 @@ def build_parser() -> argparse.ArgumentParser:
                        help="COLMAP folder or transforms.json scene (default: built-in demo)")
     train.add_argument("-o", "--output", type=Path, required=True)
     train.add_argument("--eval", action="store_true", help="hold out every 8th image for test")
-    train.add_argument("--iterations", type=int, default=30_000, help="images to train on")
-    train.add_argument("--batch-size", type=int, default=1)
+    train.add_argument("--iterations", type=_integer(1), default=None,
+                       help="images to train on (default 30000; with --resume, the run's own)")
+    train.add_argument("--batch-size", type=_integer(1), default=None, help="default 1")
     train.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint.pt")
-    train.add_argument("--white-background", action="store_true")
-    train.add_argument("--save-at", type=int, nargs="*", default=[],
+    train.add_argument("--seed", type=_integer(0), default=None, help="default 0")
+    train.add_argument("--resume", action="store_true",
+                       help="continue the run in OUTPUT from its checkpoint.pt")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace the previous run in OUTPUT (its files; others stay)")
+    train.add_argument("--white-background", action="store_true", default=None)
+    train.add_argument("--save-at", type=_integer(1), nargs="*", default=[],
                        help="also write point_cloud_<N>.ply after N images")
-    train.add_argument("--eval-every", type=int, default=0, help="test every N images")
-    train.add_argument("--checkpoint-every", type=int, default=1000,
+    train.add_argument("--eval-every", type=_integer(0), default=0, help="test every N images")
+    train.add_argument("--checkpoint-every", type=_integer(0), default=1000,
                        help="write checkpoint.pt every N images")
-    train.add_argument("--densify-until", type=int, default=None,
+    train.add_argument("--densify-until", type=_integer(0), default=None,
                        help="images after which densification stops (default 15000)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     _add_common(train)
@@ -77,19 +107,36 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    try:
+        return _run(args)
+    except SplatscaleError as error:
+        print(f"splatscale: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except OSError as error:  # the disk, permissions, a path that is a file: the environment
+        where = f"{error.filename}: " if error.filename else ""
+        print(f"splatscale: error: {where}{error.strerror or error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("splatscale: interrupted", file=sys.stderr)
+        return 130
+    except Exception:  # noqa: BLE001 - anything else is our bug: say so, keep the traceback
+        traceback.print_exc()
+        print("splatscale: internal error: this is a bug in splatscale, not in your input; "
+              "please report it with the traceback above", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    # Imported here, inside main's handlers: Ctrl-C while torch loads is a clean exit too.
+    import numba
+    import torch
+
+    from splatscale import commands
+
     if getattr(args, "threads", None):
         torch.set_num_threads(args.threads)
         numba.set_num_threads(args.threads)
-    from splatscale import commands
-
-    try:
-        return getattr(commands, args.command)(args) or 0
-    except SplatscaleError as error:
-        print(f"splatscale: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("splatscale: interrupted; the last checkpoint is intact", file=sys.stderr)
-        return 130
+    return getattr(commands, args.command)(args) or 0
 
 
 if __name__ == "__main__":

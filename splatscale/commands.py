@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from splatscale.render import render as render_view
 from splatscale.train.checkpoint import load_checkpoint
 from splatscale.train.config import TrainConfig
 from splatscale.train.metrics import ImageMetrics
+from splatscale.train.run_folder import RunFolder
 from splatscale.train.trainer import RunOptions, Trainer
 
 
@@ -28,8 +30,8 @@ def _scene(args: Namespace):
     return load_scene(args.data, args.skip_missing_images)
 
 
-def _store(args: Namespace, scene) -> ImageStore:
-    background = (1.0, 1.0, 1.0) if getattr(args, "white_background", False) else scene.background
+def _store(args: Namespace, scene, white_background: bool = False) -> ImageStore:
+    background = (1.0, 1.0, 1.0) if white_background else scene.background
     return ImageStore(scene, args.resolution, args.max_width, args.cache_dir, background)
 
 
@@ -38,34 +40,56 @@ def _check_device(device: str) -> None:
         raise SplatscaleError("the cuda render backend is not built yet; train with --device cpu")
 
 
+# Flags that are settings of the run: on --resume the checkpoint's values hold.
+RUN_FLAGS = {"batch_size": "--batch-size", "seed": "--seed",
+             "white_background": "--white-background", "densify_until": "--densify-until"}
+
+
+def _new_config(args: Namespace) -> TrainConfig:
+    given = {name: getattr(args, name) for name in ("iterations", *RUN_FLAGS)}
+    return TrainConfig(**{name: value for name, value in given.items() if value is not None})
+
+
+def _resumed_config(args: Namespace, checkpoint: Path) -> TrainConfig:
+    """The checkpoint's settings; a new --iterations extends (or shortens) the run."""
+    saved, _ = load_checkpoint(checkpoint)
+    config = TrainConfig.from_dict(saved["config"])
+    for name, flag in RUN_FLAGS.items():
+        value = getattr(args, name)
+        if value is not None and value != getattr(config, name):
+            print(f"splatscale: {flag} {value} ignored: the resumed run keeps "
+                  f"{getattr(config, name)} from its checkpoint", file=sys.stderr)
+    if args.iterations is not None and args.iterations != config.iterations:
+        if args.iterations < saved["images_seen"]:
+            raise SplatscaleError(f"--iterations {args.iterations}: {checkpoint} has already "
+                                  f"trained on {saved['images_seen']} images")
+        print(f"splatscale: --iterations: the run now ends after {args.iterations} images "
+              f"(it was to end after {config.iterations})", file=sys.stderr)
+        config.iterations = args.iterations
+    return config
+
+
 def train(args: Namespace) -> None:
+    """Check everything that can be checked, then take the folder and train."""
     _check_device(args.device)
-    if args.iterations < 1 or args.batch_size < 1:
-        raise SplatscaleError("--iterations and --batch-size must be at least 1")
-    checkpoint = args.output / "checkpoint.pt"
-    if args.resume and not checkpoint.is_file():
-        raise SplatscaleError(f"{checkpoint}: nothing to resume from")
-    config = TrainConfig(iterations=args.iterations, batch_size=args.batch_size, seed=args.seed,
-                         white_background=args.white_background)
-    if args.densify_until is not None:
-        config.densify_until = args.densify_until
-    if args.resume:
-        saved, _ = load_checkpoint(checkpoint)
-        config = TrainConfig.from_dict({**saved["config"], "iterations": args.iterations})
+    folder = RunFolder(args.output)
+    folder.check(args.resume, args.overwrite)
+    config = _resumed_config(args, folder.checkpoint) if args.resume else _new_config(args)
     scene = _scene(args)
-    store = _store(args, scene)
+    store = _store(args, scene, config.white_background)
     options = RunOptions(args.output, args.eval, args.eval_every, list(args.save_at),
                          args.checkpoint_every, progress=not args.quiet)
     trainer = Trainer(scene, store, config, options)
-    args.output.mkdir(parents=True, exist_ok=True)
-    if args.resume:
-        trainer.resume(checkpoint)
-    else:
-        (args.output / "metrics.jsonl").unlink(missing_ok=True)
-    write_json(args.output / "config.json", {**config.to_dict(), "data": str(scene.source),
-                                             "eval": args.eval, "resolution": args.resolution,
-                                             "max_width": args.max_width})
-    report = trainer.run()
+    with folder.lock():
+        if args.resume:
+            trainer.resume(folder.checkpoint)
+            folder.truncate_metrics(trainer.images_seen)
+        else:
+            folder.clear_previous_run()
+        write_json(args.output / "config.json", {
+            **config.to_dict(), "data": str(scene.source), "eval": args.eval,
+            "resolution": args.resolution, "max_width": args.max_width})
+        report = trainer.run()
     print(json.dumps(report))
 
 
@@ -104,8 +128,13 @@ def eval(args: Namespace) -> None:  # noqa: A001 - the command's name
 
 
 def export(args: Namespace) -> None:
+    """Rewrite a model; never over its own input."""
     model = read_ply(args.model)
     output = args.output or args.model.with_suffix(f".{args.format}")
+    if output.resolve() == args.model.resolve():
+        if args.output is not None:
+            raise SplatscaleError(f"-o {output}: is the input model; choose another file")
+        output = args.model.with_name(f"{args.model.stem}.exported.ply")
     if args.format == "ply":
         write_ply(model, output)
     else:

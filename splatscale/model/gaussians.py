@@ -65,6 +65,13 @@ class GaussianModel:
         used = (self.sh_degree + 1) ** 2 - 1
         return torch.cat([self.sh0, self.shN[:, :used]], dim=1)
 
+    def non_finite_rows(self) -> Tensor:
+        """Indices of the Gaussians with a NaN or infinite parameter."""
+        bad = torch.zeros(len(self), dtype=torch.bool, device=self.means.device)
+        for tensor in self.parameters().values():
+            bad |= ~torch.isfinite(tensor.detach()).reshape(len(self), -1).all(dim=1)
+        return bad.nonzero()[:, 0]
+
     def parameters(self) -> dict[str, Tensor]:
         return {name: getattr(self, name) for name in self.PARAMETERS}
 

@@ -36,14 +36,29 @@ def write_ply(model: GaussianModel, path: str | Path) -> None:
 
 
 def read_ply(path: str | Path, dtype: torch.dtype = torch.float32) -> GaussianModel:
-    """Read an INRIA-layout PLY (any SH degree 0..3; missing higher bands are zero)."""
+    """Read an INRIA-layout PLY (any SH degree 0..3; missing higher bands are zero).
+
+    An empty model, or one with NaN or infinite values, is refused.
+    """
     path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
     try:
         vertex = PlyData.read(str(path))["vertex"]
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except (OSError, KeyError, ValueError) as error:
-        raise DataError(f"{path}: not a 3DGS PLY file ({error})") from None
+    except Exception as error:  # plyfile raises its own parse errors, KeyError, ValueError...
+        raise DataError(f"{path}: not a 3DGS PLY file ({type(error).__name__}: {error})") from None
+    model = _model_of(vertex, path, dtype)
+    if len(model) == 0:
+        raise DataError(f"{path}: the model has no Gaussians")
+    bad = model.non_finite_rows()
+    if len(bad):
+        rows = ", ".join(map(str, bad[:5].tolist())) + (", ..." if len(bad) > 5 else "")
+        raise DataError(f"{path}: {len(bad)} of {len(model)} Gaussians have NaN or infinite "
+                        f"values (rows {rows})")
+    return model
+
+
+def _model_of(vertex, path: Path, dtype: torch.dtype) -> GaussianModel:
     names = set(vertex.data.dtype.names)
     missing = [name for name in BASE[:3] + BASE[6:] + TAIL if name not in names]
     if missing:

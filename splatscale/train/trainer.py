@@ -5,9 +5,14 @@ from __future__ import annotations
 import json
 import math
 import resource
+import signal
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 from tqdm import tqdm
@@ -17,8 +22,8 @@ from splatscale.data.images import ImageStore, write_png
 from splatscale.data.scene import Scene
 from splatscale.engine import Engine, TrainView
 from splatscale.engine.local import LocalEngine
-from splatscale.errors import DataError
-from splatscale.model import init_from_points
+from splatscale.errors import DataError, Interrupted, TrainingDiverged
+from splatscale.model import GaussianModel, init_from_points
 from splatscale.model.init import random_points_in_view
 from splatscale.model.ply import write_ply
 from splatscale.train import metrics
@@ -72,6 +77,7 @@ class Trainer:
         self.train_seconds = 0.0
         self.order = torch.Generator().manual_seed(config.seed)
         self.queue: list[int] = []
+        self.checkpoint_images: int | None = None  # images seen at the last checkpoint
 
     # -- schedule -------------------------------------------------------------------
 
@@ -101,6 +107,8 @@ class Trainer:
                  for i in self._next_batch()]
         densifying = after < c.densify_until
         result = engine.forward_backward(batch, track_stats=densifying)
+        if not math.isfinite(result.loss):
+            self._diverged(f"the loss of images {before + 1}..{after} is {result.loss}")
         # On the last batch no step is left to recover from a densification or an
         # opacity reset (3DGS would reset at image 3000 of a 3000-image run), so skip them.
         if densifying and after < c.iterations:
@@ -119,24 +127,34 @@ class Trainer:
     # -- the run --------------------------------------------------------------------
 
     def run(self) -> dict:
+        """Train to the configured number of images, then write the final outputs.
+
+        Ctrl-C finishes the current step, saves a checkpoint and raises Interrupted.
+        """
         o, c = self.options, self.config
         total_steps = math.ceil(c.iterations / c.batch_size)
         bar = tqdm(total=total_steps, initial=self.steps, disable=not o.progress,
                    unit="step", dynamic_ncols=True)
         log_path = o.output / "metrics.jsonl"
-        while self.steps < total_steps:
-            before = self.images_seen
-            start = time.perf_counter()
-            entry = self.train_step()
-            self.train_seconds += time.perf_counter() - start
-            entry["images_per_second"] = self.images_seen / max(self.train_seconds, 1e-9)
-            bar.update(1)
-            bar.set_postfix(loss=f"{entry['loss']:.4f}", psnr=f"{entry['psnr']:.2f}",
-                            gaussians=entry["num_gaussians"],
-                            img_s=f"{entry['images_per_second']:.1f}")
-            if self.steps % o.log_every == 0 or self.steps == total_steps:
-                _append_jsonl(log_path, entry)
-            self._periodic(before, log_path)
+        with _ctrl_c_after_step() as interrupted:
+            while self.steps < total_steps:
+                before = self.images_seen
+                start = time.perf_counter()
+                entry = self.train_step()
+                self.train_seconds += time.perf_counter() - start
+                entry["images_per_second"] = self.images_seen / max(self.train_seconds, 1e-9)
+                bar.update(1)
+                bar.set_postfix(loss=f"{entry['loss']:.4f}", psnr=f"{entry['psnr']:.2f}",
+                                gaussians=entry["num_gaussians"],
+                                img_s=f"{entry['images_per_second']:.1f}")
+                if self.steps % o.log_every == 0 or self.steps == total_steps:
+                    _append_jsonl(log_path, entry)
+                self._periodic(before, log_path)
+                if interrupted():
+                    bar.close()
+                    self.save_checkpoint()
+                    raise Interrupted(f"interrupted after image {self.images_seen}; "
+                                      f"{self.checkpoint_path} saved, --resume continues")
         bar.close()
         return self.finish()
 
@@ -144,7 +162,7 @@ class Trainer:
         o, after = self.options, self.images_seen
         for mark in o.save_at:
             if before < mark <= after:
-                write_ply(self.engine.gather_model(), o.output / f"point_cloud_{mark}.ply")
+                write_ply(self._finite_model(), o.output / f"point_cloud_{mark}.ply")
         if o.eval_every and self.test_ids and crosses(before, after, o.eval_every):
             _append_jsonl(log_path, {"images": after, "test": self.evaluate()})
         if o.checkpoint_every and crosses(before, after, o.checkpoint_every):
@@ -164,7 +182,7 @@ class Trainer:
 
     def finish(self) -> dict:
         o = self.options
-        write_ply(self.engine.gather_model(), o.output / "point_cloud.ply")
+        write_ply(self._finite_model(), o.output / "point_cloud.ply")
         self.save_checkpoint()
         report = {
             "num_gaussians": self.engine.num_gaussians(),
@@ -185,23 +203,75 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------
 
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.options.output / "checkpoint.pt"
+
+    def _diverged(self, what: str) -> None:
+        kept = (f"{self.checkpoint_path} keeps the state after image {self.checkpoint_images}"
+                if self.checkpoint_images is not None else "no checkpoint was written")
+        raise TrainingDiverged(f"training diverged: {what}; {kept}")
+
+    def _finite_model(self) -> GaussianModel:
+        """The full model, refused (a divergence) if any parameter is not finite."""
+        model = self.engine.gather_model()
+        bad = model.non_finite_rows()
+        if len(bad):
+            self._diverged(f"{len(bad)} Gaussians have NaN or infinite parameters after "
+                           f"image {self.images_seen}")
+        return model
+
     def state_dict(self) -> dict:
         return {"images_seen": self.images_seen, "steps": self.steps, "sh_degree": self.sh_degree,
                 "train_seconds": self.train_seconds, "order": self.order.get_state(),
-                "queue": list(self.queue), "config": self.config.to_dict()}
+                "queue": list(self.queue), "config": self.config.to_dict(),
+                "scene": self.store.fingerprint(), "eval_split": self.options.eval_split}
 
     def save_checkpoint(self) -> None:
-        save_checkpoint(self.options.output / "checkpoint.pt", self.state_dict(),
-                        self.engine.state_dict())
+        """Write everything a resume needs; never a non-finite state."""
+        self._finite_model()
+        save_checkpoint(self.checkpoint_path, self.state_dict(), self.engine.state_dict())
+        self.checkpoint_images = self.images_seen
 
     def resume(self, path: Path) -> None:
+        """Continue from the checkpoint at ``path``, which must be of this scene."""
         state, engine_state = load_checkpoint(path)
+        if state["scene"] != self.store.fingerprint():
+            raise DataError(f"{path}: a checkpoint of another scene (its cameras or images "
+                            f"differ from those of {self.scene.source} at this resolution)")
+        if state["eval_split"] != self.options.eval_split:
+            said = "with" if state["eval_split"] else "without"
+            raise DataError(f"{path}: the run was trained {said} --eval; resume it so")
         self.engine.load_state_dict(engine_state)
         self.images_seen, self.steps = state["images_seen"], state["steps"]
         self.sh_degree = state["sh_degree"]
         self.train_seconds = state["train_seconds"]
         self.order.set_state(state["order"])
         self.queue = list(state["queue"])
+        self.checkpoint_images = self.images_seen
+
+
+@contextmanager
+def _ctrl_c_after_step() -> Iterator[Callable[[], bool]]:
+    """Yield a function telling whether Ctrl-C was pressed; the loop checks it after
+    each step. A second Ctrl-C interrupts at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False  # signal handlers can only be set from the main thread
+        return
+    pressed = []
+
+    def on_ctrl_c(signum, frame) -> None:
+        if pressed:
+            raise KeyboardInterrupt
+        pressed.append(signum)
+        print("\nsplatscale: finishing this step to save a checkpoint (Ctrl-C again to "
+              "stop at once)", file=sys.stderr)
+
+    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    try:
+        yield lambda: bool(pressed)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _append_jsonl(path: Path, entry: dict) -> None:

@@ -1,0 +1,141 @@
+"""The output folder of a training run: what may be written there, and when.
+
+A folder holding a previous run is only replaced when asked (``--overwrite``)
+or continued (``--resume``); one run at a time writes there (a lock file
+naming the process); temporaries left by a killed run are removed; on resume
+``metrics.jsonl`` is cut back to the checkpoint, so no step is logged twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from splatscale.atomic import atomic_path
+from splatscale.errors import SplatscaleError
+
+LOCK_NAME = ".splatscale.lock"
+CHECKPOINT = "checkpoint.pt"
+METRICS = "metrics.jsonl"
+# What a training run writes; their presence marks a folder as holding a run.
+RUN_FILES = ("config.json", METRICS, CHECKPOINT, "point_cloud.ply", "report.json")
+RUN_GLOBS = ("point_cloud_*.ply",)
+RUN_FOLDERS = ("renders",)
+
+
+class RunFolder:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.path / CHECKPOINT
+
+    @property
+    def metrics(self) -> Path:
+        return self.path / METRICS
+
+    def previous_run(self) -> list[str]:
+        """The names of an earlier run's files in the folder."""
+        if not self.path.is_dir():
+            return []
+        names = [name for name in RUN_FILES + RUN_FOLDERS if (self.path / name).exists()]
+        return names + sorted(p.name for g in RUN_GLOBS for p in self.path.glob(g))
+
+    def check(self, resume: bool, overwrite: bool) -> None:
+        """Refuse, before anything is written, what would damage the folder's contents."""
+        if self.path.exists() and not self.path.is_dir():
+            raise SplatscaleError(f"{self.path}: exists and is not a folder")
+        if resume and overwrite:
+            raise SplatscaleError("--resume and --overwrite: choose one")
+        if resume and not self.checkpoint.is_file():
+            raise SplatscaleError(f"{self.checkpoint}: nothing to resume from")
+        previous = self.previous_run()
+        if previous and not (resume or overwrite):
+            raise SplatscaleError(
+                f"{self.path}: holds a previous run ({', '.join(previous[:4])}); "
+                "--resume continues it, --overwrite replaces it")
+
+    @contextmanager
+    def lock(self) -> Iterator[None]:
+        """Hold the folder's lock while the run writes; take over a dead process' lock."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        path = self.path / LOCK_NAME
+        taken_over = False
+        while True:
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                break
+            except FileExistsError:
+                owner = _lock_owner(path)
+                if taken_over or owner is None or _alive(*owner):
+                    holder = f"process {owner[0]} on {owner[1]}" if owner else "another run"
+                    raise SplatscaleError(
+                        f"{self.path}: {holder} is writing here (lock {path}; delete it "
+                        "if that run is gone)") from None
+                print(f"splatscale: {path}: taking over the lock of process {owner[0]}, "
+                      "which has ended", file=sys.stderr)
+                path.unlink(missing_ok=True)
+                taken_over = True
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{os.getpid()} {socket.gethostname()}\n")
+        try:
+            self._remove_temporaries()
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _remove_temporaries(self) -> None:
+        """Half-written files of a killed run (``atomic_path`` names them ``.NAME.*.tmp``)."""
+        for stale in self.path.rglob(".*.tmp"):
+            stale.unlink(missing_ok=True)
+
+    def clear_previous_run(self) -> None:
+        """Remove an earlier run's files (``--overwrite``); other files stay."""
+        for name in self.previous_run():
+            target = self.path / name
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink()
+
+    def truncate_metrics(self, images_seen: int) -> None:
+        """Drop the log lines written after the checkpoint being resumed."""
+        if not self.metrics.is_file():
+            return
+        kept = []
+        for line in self.metrics.read_text().splitlines():
+            try:
+                if json.loads(line).get("images", 0) <= images_seen:
+                    kept.append(line)
+            except json.JSONDecodeError:  # a line torn by a kill
+                continue
+        with atomic_path(self.metrics) as tmp:
+            tmp.write_text("".join(line + "\n" for line in kept))
+
+
+def _lock_owner(path: Path) -> tuple[int, str] | None:
+    """(pid, host) written in a lock file, or None when it cannot be read."""
+    try:
+        pid, host = path.read_text().split()
+        return int(pid), host
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int, host: str) -> bool:
+    if host != socket.gethostname():
+        return True  # a process elsewhere cannot be checked from here
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
