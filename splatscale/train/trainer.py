@@ -64,6 +64,7 @@ class Trainer:
         if not self.train_ids:
             raise DataError(f"{scene.source}: no training views")
         store.check()
+        self.scene_fingerprint = store.fingerprint()  # of the scene as the run found it
         self.extent = scene.camera_extent(self.train_ids)  # 3DGS: training cameras only
         white = config.white_background or scene.background == (1.0, 1.0, 1.0)
         self.background = torch.ones(3) if white else torch.zeros(3)
@@ -225,7 +226,7 @@ class Trainer:
         return {"images_seen": self.images_seen, "steps": self.steps, "sh_degree": self.sh_degree,
                 "train_seconds": self.train_seconds, "order": self.order.get_state(),
                 "queue": list(self.queue), "config": self.config.to_dict(),
-                "scene": self.store.fingerprint(), "eval_split": self.options.eval_split}
+                "scene": self.scene_fingerprint, "eval_split": self.options.eval_split}
 
     def save_checkpoint(self) -> None:
         """Write everything a resume needs; never a non-finite state."""
@@ -236,7 +237,7 @@ class Trainer:
     def resume(self, path: Path) -> None:
         """Continue from the checkpoint at ``path``, which must be of this scene."""
         state, engine_state = load_checkpoint(path)
-        if state["scene"] != self.store.fingerprint():
+        if state["scene"] != self.scene_fingerprint:
             raise DataError(f"{path}: a checkpoint of another scene (its cameras or images "
                             f"differ from those of {self.scene.source} at this resolution)")
         if state["eval_split"] != self.options.eval_split:
