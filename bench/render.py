@@ -33,7 +33,7 @@ def time_view(model, camera) -> tuple[float, float, int]:
     middle = time.perf_counter()
     loss.backward()
     end = time.perf_counter()
-    bins = bin_tiles(splats.means2d, splats.radii, splats.depths, camera.width,
+    bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, camera.width,
                      (0, camera.height))
     for tensor in model.parameters().values():
         tensor.grad = None

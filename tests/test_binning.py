@@ -14,7 +14,7 @@ def test_bins_hold_each_tile_splats_nearest_first():
     radii = torch.randint(0, 30, (n, 2), generator=g, dtype=torch.int32)
     depths = torch.rand(n, generator=g) * 10 + 0.1
     rows = (7, 45)
-    bins = bin_tiles(means2d, radii, depths, width, rows)
+    bins = bin_tiles(means2d, radii, depths, torch.arange(n), width, rows)
 
     tiles_x = math.ceil(width / TILE_SIZE)
     row0, row1 = rows[0] // TILE_SIZE, math.ceil(rows[1] / TILE_SIZE)
@@ -30,3 +30,17 @@ def test_bins_hold_each_tile_splats_nearest_first():
     for tile, splats in expected.items():
         got = bins.splat_ids[bins.offsets[tile]:bins.offsets[tile + 1]].tolist()
         assert got == splats, f"tile {tile}"
+
+
+def test_equal_depths_are_ordered_by_key_not_storage():
+    """Three splats at one depth on one tile, stored in the reverse of their keys' order."""
+    means2d = torch.full((4, 2), 8.0)
+    radii = torch.full((4, 2), 3, dtype=torch.int32)
+    depths = torch.tensor([2.0, 2.0, 1.0, 2.0])
+    keys = torch.tensor([30, 20, 99, 10])
+    bins = bin_tiles(means2d, radii, depths, keys, 16, (0, 16))
+    assert bins.splat_ids.tolist() == [2, 3, 1, 0]
+    permuted = [3, 0, 2, 1]
+    again = bin_tiles(means2d[permuted], radii[permuted], depths[permuted], keys[permuted], 16,
+                      (0, 16))
+    assert keys[permuted][again.splat_ids].tolist() == keys[bins.splat_ids].tolist()

@@ -72,7 +72,7 @@ def test_forward_and_gradients_match_brute_force(seed):
     depth_weights = torch.randn(h, w, generator=g, dtype=torch.float64)
     alpha_weights = torch.randn(h, w, generator=g, dtype=torch.float64)
 
-    bins = bin_tiles(splats.means2d, splats.radii, splats.depths, w, (0, h))
+    bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, w, (0, h))
     rgb, depth_sum, alpha = composite(*leaves.values(), splats.radii, bins, w, (0, h))
     p = leaves
     ref_image, ref_alpha = brute_force_composite(
@@ -104,7 +104,7 @@ def test_empty_image_is_background():
     camera = look_at_camera([0, 0, 3.5], [0, 0, 0], width=20, height=18, focal=20.0)
     splats = project(model, [camera]).of_camera(0)
     assert len(splats) == 0
-    bins = bin_tiles(splats.means2d, splats.radii, splats.depths, 20, (0, 18))
+    bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, 20, (0, 18))
     background = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
     rgb, depth_sum, alpha = composite(splats.means2d, splats.conics, splats.colors,
                                       splats.depths, splats.opacities, background,

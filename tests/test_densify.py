@@ -29,7 +29,7 @@ def test_clone_split_prune():
     before = model.detach()
     fresh = densify_and_prune(model, optimizer, stats, grad_threshold=2e-4, percent_dense=0.1,
                               extent=1.0, min_opacity=0.005, prune_large=False,
-                              generator=torch.Generator().manual_seed(0))
+                              event=0)
     # Kept: 0, 1, 3, 4 (2 split away, 5 pruned); then the clone of 0; then 2's two halves.
     assert len(model) == 4 + 1 + 2
     kept = [0, 1, 3, 4]
@@ -50,7 +50,7 @@ def test_prune_large_after_first_reset():
     model, optimizer, stats = setup()
     densify_and_prune(model, optimizer, DensifyStats(torch.zeros(6), torch.ones(6)), 2e-4, 0.1,
                       extent=1.0, min_opacity=0.005, prune_large=True,
-                      generator=torch.Generator().manual_seed(0))
+                      event=0)
     assert len(model) == 3  # 2 and 3 exceed 0.1 x extent, 5 is faint
 
 

@@ -15,14 +15,14 @@ from splatscale.step.optimizer import GaussianAdam
 
 class LocalEngine:
     def __init__(self, model: GaussianModel, batch_size: int, background: torch.Tensor,
-                 ssim_weight: float = 0.2, seed: int = 0) -> None:
+                 ssim_weight: float = 0.2) -> None:
         self.model = model.requires_grad_(True)
         self.batch_size = batch_size
         self.background = background
         self.ssim_weight = ssim_weight
         self.optimizer = GaussianAdam(self.model.parameters(), batch_size)
         self.stats = densify.DensifyStats.zeros(len(model), model.means.dtype)
-        self.generator = torch.Generator().manual_seed(seed)
+        self.densify_events = 0
 
     def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
         cameras = [view.camera for view in batch]
@@ -53,7 +53,8 @@ class LocalEngine:
                           min_opacity: float, prune_large: bool) -> None:
         self.stats = densify.densify_and_prune(self.model, self.optimizer, self.stats,
                                                grad_threshold, percent_dense, extent,
-                                               min_opacity, prune_large, self.generator)
+                                               min_opacity, prune_large, self.densify_events)
+        self.densify_events += 1
 
     def reset_opacity(self) -> None:
         densify.reset_opacity(self.model, self.optimizer)
@@ -81,13 +82,14 @@ class LocalEngine:
                 "sh_degree": self.model.sh_degree,
                 "optimizer": self.optimizer.state_dict(),
                 "stats": {"grad_sum": self.stats.grad_sum, "count": self.stats.count},
-                "generator": self.generator.get_state()}
+                "keys": self.model.keys.clone(), "densify_events": self.densify_events}
 
     def load_state_dict(self, state: dict) -> None:
         self.model = GaussianModel(**{n: t.clone() for n, t in state["model"].items()},
-                                   sh_degree=state["sh_degree"]).requires_grad_(True)
+                                   sh_degree=state["sh_degree"],
+                                   keys=state["keys"].clone()).requires_grad_(True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.optimizer.params = self.model.parameters()
         self.stats = densify.DensifyStats(state["stats"]["grad_sum"].clone(),
                                           state["stats"]["count"].clone())
-        self.generator.set_state(state["generator"])
+        self.densify_events = state["densify_events"]

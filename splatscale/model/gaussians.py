@@ -20,6 +20,10 @@ class GaussianModel:
     means [N,3]; quats [N,4] wxyz, unnormalised; log_scales [N,3];
     opacity_logits [N]; sh0 [N,1,3]; shN [N,15,3]. ``sh_degree`` is the degree
     in use (0..3); the coefficients of higher degrees are kept but ignored.
+
+    ``keys`` [N] int64 name each Gaussian whatever its storage position (default
+    0..N-1): they travel with it through densification and between ranks, and
+    decide what storage order must not (depth ties, the samples of a split).
     """
 
     means: Tensor
@@ -29,6 +33,7 @@ class GaussianModel:
     sh0: Tensor
     shN: Tensor
     sh_degree: int = MAX_SH_DEGREE
+    keys: Tensor | None = None
 
     PARAMETERS = ("means", "quats", "log_scales", "opacity_logits", "sh0", "shN")
 
@@ -42,6 +47,10 @@ class GaussianModel:
                 raise ValueError(f"GaussianModel.{name} has shape {got}, expected {shape}")
         if not 0 <= self.sh_degree <= MAX_SH_DEGREE:
             raise ValueError(f"sh_degree must be in 0..{MAX_SH_DEGREE}, got {self.sh_degree}")
+        if self.keys is None:
+            self.keys = torch.arange(n, device=self.means.device)
+        if tuple(self.keys.shape) != (n,) or self.keys.dtype != torch.int64:
+            raise ValueError(f"GaussianModel.keys must be int64 of shape ({n},)")
 
     def __len__(self) -> int:
         return self.means.shape[0]
@@ -77,7 +86,7 @@ class GaussianModel:
 
     def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "GaussianModel":
         moved = {name: t.to(dtype=dtype, device=device) for name, t in self.parameters().items()}
-        return GaussianModel(**moved, sh_degree=self.sh_degree)
+        return GaussianModel(**moved, sh_degree=self.sh_degree, keys=self.keys.to(device=device))
 
     def requires_grad_(self, flag: bool = True) -> "GaussianModel":
         for tensor in self.parameters().values():
@@ -86,5 +95,5 @@ class GaussianModel:
 
     def detach(self) -> "GaussianModel":
         return GaussianModel(**{n: t.detach().clone() for n, t in self.parameters().items()},
-                             sh_degree=self.sh_degree)
+                             sh_degree=self.sh_degree, keys=self.keys.clone())
 

@@ -27,9 +27,14 @@ class TileBins:
     tile_rows: int
 
 
-def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, width: int,
+def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, width: int,
               rows: tuple[int, int]) -> TileBins:
-    """Bin splats into the tiles overlapping pixel rows ``[rows[0], rows[1])``."""
+    """Bin splats into the tiles overlapping pixel rows ``[rows[0], rows[1])``.
+
+    Each tile's splats are nearest first; equal depths (a clone has its parent's)
+    are ordered by ``keys``, which travel with the Gaussians, so the order does not
+    depend on where they are stored.
+    """
     y0, y1 = rows
     tiles_x = -(-width // TILE_SIZE)
     tile_row0, tile_row1 = y0 // TILE_SIZE, -(-y1 // TILE_SIZE)
@@ -50,7 +55,9 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, width: int,
         # Positive floats order like their bit patterns, and integer sorts are faster.
         depth_bits = depths.detach().view(torch.int32 if depths.dtype == torch.float32
                                           else torch.int64)
-        order = torch.argsort(depth_bits, stable=True)
+        by_key = torch.argsort(keys, stable=True)
+        order = by_key.index_select(0, torch.argsort(depth_bits.index_select(0, by_key),
+                                                     stable=True))
         counts = counts.index_select(0, order)
         splat = torch.repeat_interleave(order, counts)
         first = torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)

@@ -36,6 +36,7 @@ class Splats:
     radii: Tensor           # [M, 2] int32
     colors: Tensor          # [M, 3]
     opacities: Tensor       # [M]
+    keys: Tensor            # [M] int64, the Gaussians' keys: equal depths are ordered by them
     camera_offsets: list[int]
     cameras: list[Camera]
 
@@ -49,7 +50,7 @@ class Splats:
             return self  # no slicing, so no slice nodes in the backward graph
         return Splats(self.camera_ids[lo:hi], self.gaussian_ids[lo:hi], self.means2d[lo:hi],
                       self.conics[lo:hi], self.depths[lo:hi], self.radii[lo:hi],
-                      self.colors[lo:hi], self.opacities[lo:hi], [0, hi - lo],
+                      self.colors[lo:hi], self.opacities[lo:hi], self.keys[lo:hi], [0, hi - lo],
                       [self.cameras[index]])
 
 
@@ -192,4 +193,5 @@ def project(model: GaussianModel, cameras: Sequence[Camera] | Camera) -> Splats:
         view_dirs = means - per_camera(centers)
     return Splats(camera_ids, gaussian_ids, proj.means2d, conics, proj.depths,
                   radii[camera_ids, gaussian_ids], sh_to_color(coeffs, view_dirs),
-                  torch.sigmoid(per_gaussian(model.opacity_logits)), offsets, cameras)
+                  torch.sigmoid(per_gaussian(model.opacity_logits)), per_gaussian(model.keys),
+                  offsets, cameras)

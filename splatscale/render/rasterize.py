@@ -125,7 +125,7 @@ def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | N
     dtype = splats.means2d.dtype
     if background is None:
         background = torch.zeros(3, dtype=dtype)
-    bins = bin_tiles(splats.means2d, splats.radii, splats.depths, width, (y0, y1))
+    bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, width, (y0, y1))
     rgb, depth_sum, alpha = composite(splats.means2d, splats.conics, splats.colors,
                                       splats.depths, splats.opacities, background.to(dtype),
                                       splats.radii, bins, width, (y0, y1))

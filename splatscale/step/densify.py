@@ -2,6 +2,8 @@
 
 Every operation edits the model's parameters and the optimiser's state row by
 row together: kept rows keep their Adam moments, new rows start at zero.
+Nothing depends on storage order: a new Gaussian's key and a split's samples
+are hashes of its parent's key and the densification event.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from torch import Tensor
 
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.projection import quat_to_rotmat
+from splatscale.step.keyed_random import keyed_hash, keyed_normal
 from splatscale.step.optimizer import GaussianAdam
 
 SPLIT_INTO = 2
@@ -46,7 +49,9 @@ def view_space_grad_norms(means2d_grad: Tensor, width: int, height: int,
 
 def _replace_rows(model: GaussianModel, optimizer: GaussianAdam, rows: Tensor,
                   new: dict[str, Tensor] | None = None) -> None:
-    """Keep parameter rows ``rows`` (index or mask), then append ``new`` rows."""
+    """Keep rows ``rows`` (index or mask), then append ``new`` rows (with their keys)."""
+    keys = model.keys[rows]
+    model.keys = keys if new is None else torch.cat([keys, new["keys"]])
     for name, param in model.parameters().items():
         kept = param.detach()[rows]
         m, v = optimizer.exp_avg[name][rows], optimizer.exp_avg_sq[name][rows]
@@ -59,21 +64,27 @@ def _replace_rows(model: GaussianModel, optimizer: GaussianAdam, rows: Tensor,
     optimizer.params = model.parameters()
 
 
-def _rows_of(model: GaussianModel, mask: Tensor, repeat: int = 1) -> dict[str, Tensor]:
-    return {n: p.detach()[mask].repeat(repeat, *[1] * (p.dim() - 1))
+def _rows_of(model: GaussianModel, mask: Tensor, event: int,
+             children: int = 1) -> dict[str, Tensor]:
+    """The parameters of rows ``mask``, ``children`` copies of each (child-major), with
+    new keys: hashes of the parent's key, the event and the child's number."""
+    rows = {n: p.detach()[mask].repeat(children, *[1] * (p.dim() - 1))
             for n, p in model.parameters().items()}
+    parents = model.keys[mask]
+    rows["keys"] = torch.cat([keyed_hash(parents, event, child) for child in range(children)])
+    return rows
 
 
 def densify_and_prune(model: GaussianModel, optimizer: GaussianAdam, stats: DensifyStats,
                       grad_threshold: float, percent_dense: float, extent: float,
-                      min_opacity: float, prune_large: bool,
-                      generator: torch.Generator) -> DensifyStats:
+                      min_opacity: float, prune_large: bool, event: int) -> DensifyStats:
     """Clone small, split large high-gradient Gaussians; prune faint ones, and with
     ``prune_large`` (after the first opacity reset) those larger than 0.1 x extent.
 
     3DGS also tests a screen-space radius there, but it zeroes those radii when
     it appends the new Gaussians just before, so that test never removes one;
-    it is left out here. Returns fresh statistics for the new set.
+    it is left out here. ``event`` numbers this densification: with the keys, it
+    seeds the new keys and the split samples. Returns fresh statistics.
     """
     grads = torch.nan_to_num(stats.grad_sum / stats.count, nan=0.0)
     large = model.scales.detach().max(dim=1).values > percent_dense * extent
@@ -82,14 +93,14 @@ def densify_and_prune(model: GaussianModel, optimizer: GaussianAdam, stats: Dens
     all_rows = torch.ones(len(model), dtype=torch.bool)
 
     # Clone: exact copies, appended.
-    cloned = _rows_of(model, clone)
+    cloned = _rows_of(model, clone, event)
     _replace_rows(model, optimizer, all_rows, cloned)
     split = torch.cat([split, torch.zeros(int(clone.sum()), dtype=torch.bool)])
 
     # Split: N samples from each selected Gaussian, scales shrunk; originals removed.
-    rows = _rows_of(model, split, SPLIT_INTO)
+    rows = _rows_of(model, split, event, SPLIT_INTO)
     scales = torch.exp(rows["log_scales"])
-    samples = torch.normal(torch.zeros_like(scales), scales, generator=generator)
+    samples = keyed_normal(rows["keys"], 3, event).to(scales.dtype) * scales
     rotations = quat_to_rotmat(rows["quats"])
     rows["means"] = rows["means"] + (rotations @ samples[..., None])[..., 0]
     rows["log_scales"] = torch.log(scales / SPLIT_SCALE_DIVISOR)

@@ -70,7 +70,7 @@ class Trainer:
         self.background = torch.ones(3) if white else torch.zeros(3)
         self.engine = engine or LocalEngine(initial_model(scene, self.train_ids, config.seed),
                                             config.batch_size, self.background,
-                                            config.ssim_weight, config.seed)
+                                            config.ssim_weight)
         self.images_seen = 0
         self.steps = 0
         self.sh_degree = 0
