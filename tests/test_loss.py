@@ -60,3 +60,30 @@ def test_photometric_loss_and_psnr():
     assert psnr(b, b) == float("inf")
     mse = ((a - b) ** 2).mean().item()
     assert abs(psnr(a, b) + 10 * math.log10(mse)) < 1e-9
+
+
+def test_band_shares_add_up_to_the_whole_image_loss():
+    """Bands with 5 halo rows (SSIM's window radius), cut anywhere, each loss divided by
+    the whole image's size: their sum is the image's loss, and so is the gradient."""
+    a, b = images(h=37, w=23, seed=4)
+    a.requires_grad_(True)
+    whole = photometric_loss(a, b)
+    (want,) = torch.autograd.grad(whole, a)
+    count = a.numel()
+    for cuts in ([0, 37], [0, 5, 37], [0, 16, 17, 30, 37], [0, 1, 2, 36, 37]):
+        total, grad = 0.0, torch.zeros_like(a)
+        for y0, y1 in zip(cuts[:-1], cuts[1:]):
+            lo, hi = max(0, y0 - 5), min(37, y1 + 5)
+            band = a[lo:hi]
+            share = photometric_loss(band, b[lo:hi], rows=(y0 - lo, y1 - lo), count=count)
+            total = total + share.detach()
+            grad += torch.autograd.grad(share, a)[0]
+        torch.testing.assert_close(total, whole.detach(), rtol=1e-12, atol=0)
+        torch.testing.assert_close(grad, want, rtol=1e-9, atol=1e-15)
+
+
+def test_band_without_its_halo_is_not_the_image_loss():
+    a, b = images(h=37, w=23, seed=4)
+    shares = [photometric_loss(a[y0:y1], b[y0:y1], rows=(0, y1 - y0), count=a.numel())
+              for y0, y1 in ((0, 16), (16, 37))]
+    assert abs(sum(shares) - photometric_loss(a, b)) > 1e-6

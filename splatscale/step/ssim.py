@@ -78,8 +78,9 @@ def _blur_kernel(images, taps, out):
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
-def _ssim_value_and_grad(a, b, taps, c1, c2, grad_a):
-    """Mean SSIM of images a, b [C, H, W] and its gradient w.r.t. a (into grad_a).
+def _ssim_value_and_grad(a, b, taps, c1, c2, row0, row1, n, grad_a):
+    """SSIM of images a, b [C, H, W] summed over rows [row0, row1) and divided by n,
+    and its gradient w.r.t. a (into grad_a). The mean is rows (0, H), n = C H W.
 
     With mu = G*a, E_aa = G*(a a), E_ab = G*(a b) (G the window) the map is
     S = (2 mu_a mu_b + c1)(2 (E_ab - mu_a mu_b) + c2) / (D1 D2), and
@@ -87,7 +88,6 @@ def _ssim_value_and_grad(a, b, taps, c1, c2, grad_a):
     the element count: five blurred planes forward, three backward.
     """
     channels, height, width = a.shape
-    n = channels * height * width
     planes = np.empty((5 * channels, height, width), a.dtype)
     for cy in nb.prange(channels * height):
         c, y = cy // height, cy % height
@@ -105,6 +105,12 @@ def _ssim_value_and_grad(a, b, taps, c1, c2, grad_a):
     for cy in nb.prange(channels * height):
         c, y = cy // height, cy % height
         total = a.dtype.type(0)
+        if y < row0 or y >= row1:  # a halo row: it feeds the blur, but is not counted
+            partials[c, y, :] = 0
+            partials[channels + c, y, :] = 0
+            partials[2 * channels + c, y, :] = 0
+            row_sums[cy] = total
+            continue
         for x in range(np.uint64(0), np.uint64(width)):
             mu_a, mu_b = blurred[c, y, x], blurred[channels + c, y, x]
             e_aa, e_bb = blurred[2 * channels + c, y, x], blurred[3 * channels + c, y, x]
@@ -133,24 +139,34 @@ def _ssim_value_and_grad(a, b, taps, c1, c2, grad_a):
 
 class _CpuSsim(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, image: Tensor, target: Tensor) -> Tensor:
+    def forward(ctx, image: Tensor, target: Tensor, rows: tuple[int, int], count: int) -> Tensor:
         a = image.detach().permute(2, 0, 1).contiguous()
         b = target.detach().to(a.dtype).permute(2, 0, 1).contiguous()
         grad = torch.empty_like(a)
         scalar = a.numpy().dtype.type
         value = _ssim_value_and_grad(a.numpy(), b.numpy(), gaussian_taps(a.dtype).numpy(),
-                                     scalar(C1), scalar(C2), grad.numpy())
+                                     scalar(C1), scalar(C2), rows[0], rows[1], scalar(count),
+                                     grad.numpy())
         ctx.save_for_backward(grad)
         return torch.tensor(value, dtype=a.dtype)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         (grad,) = ctx.saved_tensors
-        return (grad_output * grad).permute(1, 2, 0), None
+        return (grad_output * grad).permute(1, 2, 0), None, None, None
 
 
-def ssim(image: Tensor, target: Tensor) -> Tensor:
-    """Mean SSIM of [h, W, 3] images, differentiable in ``image``."""
+def ssim(image: Tensor, target: Tensor, rows: tuple[int, int] | None = None,
+         count: int | None = None) -> Tensor:
+    """Mean SSIM of [h, W, 3] images, differentiable in ``image``.
+
+    With ``rows`` (r0, r1), the SSIM map summed over those rows only and divided
+    by ``count``: a band of an image rendered with halo rows around it (whose
+    pixels feed the window but are another band's) contributes its share of the
+    whole image's mean, taking ``count`` = the whole image's element count.
+    """
+    rows = rows or (0, image.shape[0])
+    count = count or (rows[1] - rows[0]) * image.shape[1] * image.shape[2]
     if image.device.type == "cpu":
-        return _CpuSsim.apply(image, target)
-    return ssim_map(image, target).mean()
+        return _CpuSsim.apply(image, target, rows, count)
+    return ssim_map(image, target)[rows[0]:rows[1]].sum() / count
