@@ -9,7 +9,9 @@ import numpy as np
 import torch
 
 from splatscale.data.cameras import Camera
+from splatscale.engine import TrainView
 from splatscale.model.gaussians import SH_REST, GaussianModel
+from splatscale.render import render
 
 TEST_DATA = Path(__file__).resolve().parent / "data"
 
@@ -62,3 +64,34 @@ def orbit_cameras(count: int, width: int, height: int, radius: float = 4.0,
     return [look_at_camera([radius * math.cos(a), 0.3 * radius, radius * math.sin(a)],
                            [0, 0, 0], width, height, focal=1.2 * width, dtype=dtype)
             for a in np.linspace(0, 2 * math.pi, count, endpoint=False)]
+
+
+TRAIN_RATES = {"means": 2e-3, "quats": 1e-3, "log_scales": 5e-3, "opacity_logits": 0.05,
+               "sh0": 2.5e-3, "shN": 1.25e-4}
+TRAIN_STEPS = 12
+
+
+def densifying_scene(dtype=torch.float64) -> tuple[list[TrainView], GaussianModel]:
+    """Four views 41x37 (not a multiple of 16) of one random model, and another
+    random model to train, large enough that densification clones and splits."""
+    cameras = orbit_cameras(4, 41, 37, radius=3.5, dtype=dtype)
+    truth = random_model(150, seed=11, spread=0.8, dtype=dtype)
+    with torch.no_grad():
+        views = [TrainView(c, render(truth, c).rgb.clamp(0, 1)) for c in cameras]
+    return views, random_model(60, seed=12, spread=0.8, log_scale=(-2.5, -1.0), dtype=dtype)
+
+
+def densifying_run(engine, views: list[TrainView]) -> list[float]:
+    """TRAIN_STEPS steps of batches of 2 with clones, splits, pruning and an opacity
+    reset inside; the losses."""
+    losses = []
+    for step in range(TRAIN_STEPS):
+        batch = [views[(2 * step) % 4], views[(2 * step + 1) % 4]]
+        losses.append(engine.forward_backward(batch, track_stats=True).loss)
+        if step in (3, 8):
+            engine.densify_and_prune(grad_threshold=5e-3, percent_dense=0.15, extent=2.0,
+                                     min_opacity=0.005, prune_large=step == 8)
+        if step == 6:
+            engine.reset_opacity()
+        engine.optimizer_step(TRAIN_RATES)
+    return losses

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from splatscale.engine import TrainView
 from splatscale.engine.local import LocalEngine
 from splatscale.model.gaussians import GaussianModel
-from splatscale.render import render
 from splatscale.step.keyed_random import keyed_hash, keyed_normal, mix
-from tests.conftest import orbit_cameras, random_model
+from tests.conftest import densifying_run, densifying_scene
 
 MASK = (1 << 64) - 1
 
@@ -45,21 +43,6 @@ def permuted(model: GaussianModel, order: torch.Tensor) -> GaussianModel:
                          sh_degree=model.sh_degree, keys=model.keys[order].clone())
 
 
-def train(model: GaussianModel, views: list[list[TrainView]]) -> LocalEngine:
-    engine = LocalEngine(model, batch_size=2, background=torch.zeros(3, dtype=torch.float64))
-    rates = {"means": 2e-3, "quats": 1e-3, "log_scales": 5e-3, "opacity_logits": 0.05,
-             "sh0": 2.5e-3, "shN": 1.25e-4}
-    for step, batch in enumerate(views):
-        engine.forward_backward(batch, track_stats=True)
-        if step in (3, 7):
-            engine.densify_and_prune(grad_threshold=5e-3, percent_dense=0.15, extent=2.0,
-                                     min_opacity=0.005, prune_large=step == 7)
-        if step == 5:
-            engine.reset_opacity()
-        engine.optimizer_step(rates)
-    return engine
-
-
 def by_key(engine: LocalEngine) -> dict:
     """Parameters, Adam moments and statistics, rows sorted by key."""
     order = torch.argsort(engine.model.keys)
@@ -73,21 +56,16 @@ def by_key(engine: LocalEngine) -> dict:
 
 
 def test_storage_order_does_not_change_training():
-    cameras = orbit_cameras(4, 40, 30, radius=3.5)
-    truth = random_model(150, seed=11, spread=0.8)
-    with torch.no_grad():
-        targets = [render(truth, c).rgb.clamp(0, 1) for c in cameras]
-    views = [TrainView(c, t) for c, t in zip(cameras, targets)]
-    batches = [[views[(2 * s) % 4], views[(2 * s + 1) % 4]] for s in range(10)]
-
-    model = random_model(60, seed=12, spread=0.8, log_scale=(-2.5, -1.0))
+    views, model = densifying_scene()
     order = torch.randperm(len(model), generator=torch.Generator().manual_seed(0))
-    plain, shuffled = train(model.detach(), batches), train(permuted(model, order), batches)
+    engines = [LocalEngine(m, batch_size=2, background=torch.zeros(3))
+               for m in (model.detach(), permuted(model, order))]
+    for engine in engines:
+        densifying_run(engine, views)
 
-    a, b = by_key(plain), by_key(shuffled)
+    a, b = by_key(engines[0]), by_key(engines[1])
     assert torch.equal(a["keys"], b["keys"])
     born = ~torch.isin(a["keys"], model.keys)
-    print(f"{len(model)} Gaussians -> {len(a['keys'])}, {int(born.sum())} born in densification")
     assert born.sum() >= 10 and (~born).sum() < len(model), "clones, splits and prunes happen"
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-12, atol=0, msg=name)

@@ -27,6 +27,14 @@ class TileBins:
     tile_rows: int
 
 
+def tile_boxes(means2d: Tensor, radii: Tensor) -> tuple[Tensor, Tensor]:
+    """Each splat's box in tiles: [lo, hi) per axis, int32 [M, 2] each, unclipped."""
+    centre = means2d.detach() / TILE_SIZE
+    extent = radii.to(centre.dtype) / TILE_SIZE
+    return (torch.floor(centre - extent).to(torch.int32),
+            torch.ceil(centre + extent).to(torch.int32))
+
+
 def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, width: int,
               rows: tuple[int, int]) -> TileBins:
     """Bin splats into the tiles overlapping pixel rows ``[rows[0], rows[1])``.
@@ -40,10 +48,7 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
     tile_row0, tile_row1 = y0 // TILE_SIZE, -(-y1 // TILE_SIZE)
     n_tiles = tiles_x * (tile_row1 - tile_row0)
     with torch.no_grad():
-        centre = means2d.detach() / TILE_SIZE
-        extent = radii.to(centre.dtype) / TILE_SIZE
-        lo = torch.floor(centre - extent).to(torch.int32)
-        hi = torch.ceil(centre + extent).to(torch.int32)
+        lo, hi = tile_boxes(means2d, radii)
         x_lo, x_hi = lo[:, 0].clamp(0, tiles_x), hi[:, 0].clamp(0, tiles_x)
         y_lo = lo[:, 1].clamp(tile_row0, tile_row1)
         y_hi = hi[:, 1].clamp(tile_row0, tile_row1)

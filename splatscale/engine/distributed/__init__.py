@@ -1,0 +1,7 @@
+"""Grendel's distributed engine: Gaussians sharded over ranks, each batch's pixel rows
+partitioned over ranks (``partition``), splats sent only where they are rendered
+(``exchange``), one step per rank in ``engine``."""
+
+from splatscale.engine.distributed.engine import DistributedEngine, shard_of
+
+__all__ = ["DistributedEngine", "shard_of"]

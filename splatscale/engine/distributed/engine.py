@@ -1,0 +1,175 @@
+"""DistributedEngine (Grendel): each rank owns a shard of the Gaussians and renders
+a share of every batch's pixel rows.
+
+One step, on every rank of the process group:
+
+1. project the rank's own shard into the batch's B cameras;
+2. histogram the splats' tile intersections per (camera, tile row); one
+   ``all_reduce`` gives the whole workload, and every rank cuts the batch's
+   rows into the same W ranges of equal cost (``partition``);
+3. send each splat to the ranks whose bands (plus SSIM's halo) it touches
+   (``exchange``);
+4. render the own bands with their halo and take the loss of the own rows,
+   divided by the whole image's size: the ranks' losses add up to the single
+   process' loss, and ``backward`` returns every gradient to the Gaussian's owner;
+5. densification statistics, densification, opacity reset and Adam act on the
+   shard alone (``LocalEngine``'s code): keys make them independent of where a
+   Gaussian is stored, so the shards together equal the single process.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from splatscale.data.cameras import Camera
+from splatscale.engine import StepResult, TrainView
+from splatscale.engine.distributed.exchange import (all_to_all, all_to_all_differentiable,
+                                                    exchange_counts, render_rows, route)
+from splatscale.engine.distributed.partition import Band, partition, tile_row_work
+from splatscale.engine.local import LocalEngine
+from splatscale.model.gaussians import GaussianModel
+from splatscale.render import RenderOutput, Splats, project, rasterize, render
+from splatscale.step.loss import photometric_loss
+
+FLOAT_COLUMNS = {"means2d": 2, "conics": 3, "colors": 3, "depths": 1, "opacities": 1}
+
+
+def shard_rows(count: int, rank: int, world: int) -> slice:
+    """The rows of rank ``rank`` in an even, contiguous split of ``count`` rows."""
+    bounds = [count * r // world for r in range(world + 1)]
+    return slice(bounds[rank], bounds[rank + 1])
+
+
+def shard_of(model: GaussianModel, rank: int, world: int) -> GaussianModel:
+    rows = shard_rows(len(model), rank, world)
+    return GaussianModel(**{n: t.detach()[rows].clone() for n, t in model.parameters().items()},
+                         sh_degree=model.sh_degree, keys=model.keys[rows].clone())
+
+
+def gather_rows(tensor: Tensor) -> Tensor:
+    """Every rank's rows of ``tensor``, concatenated in rank order, on every rank."""
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([tensor.shape[0]]))
+    most = max(int(s) for s in sizes)
+    padded = tensor.new_zeros((most, *tensor.shape[1:]))
+    padded[:tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([part[:int(size)] for part, size in zip(parts, sizes)])
+
+
+class DistributedEngine(LocalEngine):
+    """``LocalEngine`` over this rank's shard, with the forward pass shared by all ranks."""
+
+    def __init__(self, shard: GaussianModel, batch_size: int, background: Tensor,
+                 ssim_weight: float = 0.2, balance: str = "cost") -> None:
+        super().__init__(shard, batch_size, background, ssim_weight)
+        self.balance = balance
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.last_bands: list[list[Band]] = []
+
+    def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
+        cameras = [view.camera for view in batch]
+        splats = project(self.model, cameras)
+        splats.means2d.retain_grad()
+        work = tile_row_work(splats, cameras)
+        dist.all_reduce(work)
+        self.last_bands = bands = partition(work, cameras, self.world, self.balance)
+        received, received_ints = self._exchange(splats, bands, cameras)
+
+        # Every rank's loss must reach the exchange, or its backward collective would hang.
+        loss = 0.0 * received.sum()
+        squared_errors = torch.zeros(len(batch), dtype=torch.float64)
+        for band in bands[self.rank]:
+            view = batch[band.camera]
+            band_loss, error = self._band_loss(band, view, received, received_ints)
+            loss = loss + band_loss
+            squared_errors[band.camera] += error
+        loss = loss / len(batch)
+        loss.backward()
+        if track_stats:
+            self._track(splats, batch)
+        totals = torch.cat([loss.detach().to(torch.float64)[None], squared_errors])
+        dist.all_reduce(totals)
+        psnrs = [_psnr(float(totals[1 + c]), 3 * v.camera.width * v.camera.height)
+                 for c, v in enumerate(batch)]
+        return StepResult(float(totals[0]), sum(psnrs) / len(psnrs))
+
+    def _exchange(self, splats: Splats, bands: list[list[Band]],
+                  cameras: list[Camera]) -> tuple[Tensor, Tensor]:
+        """The splats this rank renders: float columns (with gradient) and int columns."""
+        send, send_counts = route(splats, bands, cameras)
+        recv_counts = exchange_counts(send_counts)
+        floats = torch.cat([getattr(splats, name).reshape(len(splats), -1)
+                            for name in FLOAT_COLUMNS], dim=1)
+        ints = torch.cat([splats.radii.to(torch.int64), splats.keys[:, None],
+                          splats.camera_ids[:, None]], dim=1)
+        return (all_to_all_differentiable(floats.index_select(0, send), send_counts,
+                                          recv_counts),
+                all_to_all(ints.index_select(0, send), send_counts, recv_counts))
+
+    def _band_loss(self, band: Band, view: TrainView, floats: Tensor,
+                   ints: Tensor) -> tuple[Tensor, float]:
+        camera = view.camera
+        mine = (ints[:, 3] == band.camera).nonzero()[:, 0]
+        columns = dict(zip(FLOAT_COLUMNS, floats.index_select(0, mine).split(
+            list(FLOAT_COLUMNS.values()), dim=1)))
+        part = Splats(torch.zeros(len(mine), dtype=torch.int64), mine,
+                      columns["means2d"], columns["conics"], columns["depths"][:, 0],
+                      ints[mine, :2].to(torch.int32), columns["colors"],
+                      columns["opacities"][:, 0], ints[mine, 2], [0, len(mine)], [camera])
+        y0, y1 = render_rows(band, camera)
+        out = rasterize(part, camera.width, camera.height, rows=(y0, y1),
+                        background=self.background)
+        own = (band.rows[0] - y0, band.rows[1] - y0)
+        target = view.target[y0:y1].to(out.rgb.dtype)
+        loss = photometric_loss(out.rgb, target, self.ssim_weight, rows=own,
+                                count=3 * camera.width * camera.height)
+        error = (out.rgb.detach()[own[0]:own[1]].clamp(0, 1) - target[own[0]:own[1]]) ** 2
+        return loss, float(error.sum())
+
+    def num_gaussians(self) -> int:
+        count = torch.tensor([len(self.model)])
+        dist.all_reduce(count)
+        return int(count)
+
+    def gather_model(self) -> GaussianModel:
+        """The whole model, shards in rank order, on every rank."""
+        return GaussianModel(**{n: gather_rows(t.detach())
+                                for n, t in self.model.parameters().items()},
+                             sh_degree=self.model.sh_degree, keys=gather_rows(self.model.keys))
+
+    @torch.no_grad()
+    def render(self, camera: Camera) -> RenderOutput:
+        return render(self.gather_model(), camera, background=self.background)
+
+    def state_dict(self) -> dict:
+        """The whole run's state, as a single process holds it (gathered in rank order)."""
+        state = super().state_dict()
+        state["model"] = {n: gather_rows(t) for n, t in state["model"].items()}
+        state["keys"] = gather_rows(state["keys"])
+        for kind in ("exp_avg", "exp_avg_sq"):
+            state["optimizer"][kind] = {n: gather_rows(t)
+                                        for n, t in state["optimizer"][kind].items()}
+        state["stats"] = {n: gather_rows(t) for n, t in state["stats"].items()}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take this rank's even share of a whole state, saved at any world size."""
+        rows = shard_rows(len(state["keys"]), self.rank, self.world)
+        shard = dict(state, keys=state["keys"][rows],
+                     model={n: t[rows] for n, t in state["model"].items()},
+                     stats={n: t[rows] for n, t in state["stats"].items()})
+        shard["optimizer"] = dict(state["optimizer"], **{
+            kind: {n: t[rows] for n, t in state["optimizer"][kind].items()}
+            for kind in ("exp_avg", "exp_avg_sq")})
+        super().load_state_dict(shard)
+
+
+def _psnr(squared_error: float, count: int) -> float:
+    mse = squared_error / count
+    return float("inf") if mse == 0 else -10 * math.log10(mse)

@@ -1,0 +1,78 @@
+"""The sparse exchange: each projected splat goes only to the ranks that render it.
+
+A rank renders its bands widened by ``HALO`` rows (SSIM's window reads them);
+a splat is needed there when its tile box meets the tile rows of that widened
+band, the rows the rasteriser bins it into. Payloads move with
+``all_to_all_single`` and split sizes (the one collective that takes unequal
+sizes on both gloo and NCCL); the float payload's backward sends the gradients
+back to the ranks that own the Gaussians.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from splatscale.data.cameras import Camera
+from splatscale.engine.distributed.partition import Band
+from splatscale.render import Splats
+from splatscale.render.binning import tile_boxes
+from splatscale.render.conventions import TILE_SIZE
+from splatscale.step.ssim import RADIUS
+
+HALO = RADIUS  # rows beyond a band that SSIM's window reads
+
+
+def render_rows(band: Band, camera: Camera) -> tuple[int, int]:
+    """The rows a rank renders for ``band``: the band and its halo, inside the image."""
+    return max(0, band.rows[0] - HALO), min(camera.height, band.rows[1] + HALO)
+
+
+def route(splats: Splats, bands: list[list[Band]],
+          cameras: list[Camera]) -> tuple[Tensor, list[int]]:
+    """(indices of the splats to send, grouped by destination rank; counts per rank)."""
+    lo, hi = tile_boxes(splats.means2d, splats.radii)
+    indices, counts = [], []
+    for rank_bands in bands:
+        chosen = []
+        for band in rank_bands:
+            y0, y1 = render_rows(band, cameras[band.camera])
+            first, end = y0 // TILE_SIZE, -(-y1 // TILE_SIZE)
+            hit = (splats.camera_ids == band.camera) & (lo[:, 1] < end) & (hi[:, 1] > first)
+            chosen.append(hit.nonzero()[:, 0])
+        rows = torch.cat(chosen) if chosen else torch.zeros(0, dtype=torch.int64)
+        indices.append(rows)
+        counts.append(len(rows))
+    return torch.cat(indices), counts
+
+
+def exchange_counts(send_counts: list[int]) -> list[int]:
+    received = torch.zeros(len(send_counts), dtype=torch.int64)
+    dist.all_to_all_single(received, torch.tensor(send_counts, dtype=torch.int64))
+    return received.tolist()
+
+
+def all_to_all(rows: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
+    """Rows ``[sum(send_counts), ...]`` out, ``[sum(recv_counts), ...]`` in (no gradient)."""
+    received = rows.new_empty((sum(recv_counts), *rows.shape[1:]))
+    dist.all_to_all_single(received, rows.contiguous(), recv_counts, send_counts)
+    return received
+
+
+class _AllToAllWithGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, rows: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
+        ctx.counts = send_counts, recv_counts
+        return all_to_all(rows, send_counts, recv_counts)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        send_counts, recv_counts = ctx.counts
+        return all_to_all(grad, recv_counts, send_counts), None, None
+
+
+def all_to_all_differentiable(rows: Tensor, send_counts: list[int],
+                              recv_counts: list[int]) -> Tensor:
+    """``all_to_all`` whose backward returns each row's gradient to its sender."""
+    return _AllToAllWithGradient.apply(rows, send_counts, recv_counts)

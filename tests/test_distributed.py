@@ -1,0 +1,85 @@
+"""The distributed engine on gloo equals the single process (DESIGN, invariant 2)."""
+
+from __future__ import annotations
+
+import numba
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from splatscale.engine.distributed import DistributedEngine, shard_of
+from splatscale.engine.distributed.engine import gather_rows
+from splatscale.engine.local import LocalEngine
+from tests.conftest import densifying_run, densifying_scene
+
+
+def by_key(keys, tensors: dict) -> dict:
+    order = torch.argsort(keys)
+    return {"keys": keys[order], **{n: t[order] for n, t in tensors.items()}}
+
+
+def step_state(engine, keys) -> dict:
+    return by_key(keys, {n: p.grad for n, p in engine.model.parameters().items()})
+
+
+def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    views, model = densifying_scene()
+    results = {"steps": {}}
+    for batch_size in (1, 4):
+        engine = DistributedEngine(shard_of(model, rank, world), batch_size, torch.zeros(3))
+        loss = engine.forward_backward(views[:batch_size], track_stats=True).loss
+        grads = {n: gather_rows(p.grad) for n, p in engine.model.parameters().items()}
+        results["steps"][batch_size] = (loss, by_key(gather_rows(engine.model.keys), grads),
+                                        engine.last_bands)
+    engine = DistributedEngine(shard_of(model, rank, world), 2, torch.zeros(3))
+    results["losses"] = densifying_run(engine, views)
+    results["state"] = engine.state_dict()
+    if rank == 0:
+        torch.save(results, out_file)
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    views, model = densifying_scene()
+    steps = {}
+    for batch_size in (1, 4):
+        engine = LocalEngine(model.detach(), batch_size, torch.zeros(3))
+        loss = engine.forward_backward(views[:batch_size], track_stats=True).loss
+        steps[batch_size] = (loss, step_state(engine, engine.model.keys))
+    engine = LocalEngine(model.detach(), 2, torch.zeros(3))
+    return {"steps": steps, "losses": densifying_run(engine, views), "state": engine.state_dict()}
+
+
+def whole_state(state: dict) -> dict:
+    tensors = {**state["model"], **{"m_" + n: t for n, t in state["optimizer"]["exp_avg"].items()},
+               **{"v_" + n: t for n, t in state["optimizer"]["exp_avg_sq"].items()},
+               **state["stats"]}
+    return by_key(state["keys"], tensors)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_ranks_equal_the_single_process(world, single_process, tmp_path):
+    out = tmp_path / "rank0.pt"
+    mp.spawn(run_rank, args=(world, str(tmp_path / "init"), str(out)), nprocs=world)
+    ranks = torch.load(out, weights_only=False)
+    for batch_size in (1, 4):
+        want_loss, want = single_process["steps"][batch_size]
+        loss, got, bands = ranks["steps"][batch_size]
+        assert loss == pytest.approx(want_loss, rel=1e-12)
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-14,
+                                       msg=lambda m, name=name: f"B={batch_size} d/d{name}: {m}")
+        if world > 1:
+            cuts = [band.rows[0] for rank_bands in bands[1:] for band in rank_bands[:1]]
+            assert any(cut % 16 for cut in cuts), f"some band must split a tile row: {bands}"
+    assert ranks["losses"] == pytest.approx(single_process["losses"], rel=1e-9)
+    got, want = whole_state(ranks["state"]), whole_state(single_process["state"])
+    assert len(want["keys"]) != 60, "densification must have happened"
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-14, msg=name)
