@@ -5,10 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 from pathlib import Path
 
-from splatscale.errors import SplatscaleError
+from splatscale.errors import run_reported
 
 TRAIN_HELP = """Train a 3DGS model. --iterations counts images seen, as Grendel does:
 a batch of B views makes N/B steps, so changing B keeps the training budget
@@ -82,6 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--densify-until", type=_integer(0), default=None,
                        help="images after which densification stops (default 15000)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument("--nproc", type=_integer(1, MAX_THREADS), default=1,
+                       help="train with N local ranks (Grendel), each with cores/N threads; "
+                            "or start the command under torchrun")
+    train.add_argument("--balance", choices=("cost", "uniform"), default="cost",
+                       help="how ranks share a batch's pixel rows: equal estimated cost "
+                            "(default) or equal row counts")
     _add_common(train)
 
     render = sub.add_parser("render", help="render a model's views to PNG")
@@ -107,23 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except SplatscaleError as error:
-        print(f"splatscale: error: {error}", file=sys.stderr)
-        return error.exit_code
-    except OSError as error:  # the disk, permissions, a path that is a file: the environment
-        where = f"{error.filename}: " if error.filename else ""
-        print(f"splatscale: error: {where}{error.strerror or error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("splatscale: interrupted", file=sys.stderr)
-        return 130
-    except Exception:  # noqa: BLE001 - anything else is our bug: say so, keep the traceback
-        traceback.print_exc()
-        print("splatscale: internal error: this is a bug in splatscale, not in your input; "
-              "please report it with the traceback above", file=sys.stderr)
-        return 1
+    return run_reported(lambda: _run(args))
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -133,9 +122,10 @@ def _run(args: argparse.Namespace) -> int:
 
     from splatscale import commands
 
-    if getattr(args, "threads", None):
-        torch.set_num_threads(args.threads)
-        numba.set_num_threads(args.threads)
+    threads = getattr(args, "threads", None)
+    if threads:
+        torch.set_num_threads(threads)
+        numba.set_num_threads(threads)
     return getattr(commands, args.command)(args) or 0
 
 

@@ -5,15 +5,21 @@ from __future__ import annotations
 import json
 import sys
 from argparse import Namespace
+from contextlib import nullcontext
+from functools import partial
 from pathlib import Path
 
+import numba
 import torch
 
 from splatscale.atomic import write_json
 from splatscale.data import load_scene
 from splatscale.demo import demo_scene
 from splatscale.data.images import ImageStore, write_png
-from splatscale.errors import SplatscaleError
+from splatscale.engine.distributed import DistributedEngine, group, shard_of
+from splatscale.engine.local import LocalEngine
+from splatscale.errors import SplatscaleError, run_reported
+from splatscale.model.gaussians import GaussianModel
 from splatscale.model.ply import read_ply, write_ply, write_splat
 from splatscale.render import render as render_view
 from splatscale.train.checkpoint import load_checkpoint
@@ -70,27 +76,74 @@ def _resumed_config(args: Namespace, checkpoint: Path) -> TrainConfig:
 
 
 def train(args: Namespace) -> None:
-    """Check everything that can be checked, then take the folder and train."""
+    """Check everything that can be checked, then take the folder and train (with
+    ``--nproc N``: check here, then train in N spawned local ranks)."""
     _check_device(args.device)
+    ranks = group.from_environment()
+    if args.nproc > 1 and ranks is None:
+        _checked_inputs(args)[3].check()  # bad input is reported once, before ranks start
+        group.spawn(partial(_train_rank, args), args.nproc)
+        return
+    _share_cores(args, ranks)
+    _train(args, ranks)
+
+
+def _checked_inputs(args: Namespace) -> tuple[RunFolder, TrainConfig, object, ImageStore]:
     folder = RunFolder(args.output)
     folder.check(args.resume, args.overwrite)
     config = _resumed_config(args, folder.checkpoint) if args.resume else _new_config(args)
     scene = _scene(args)
-    store = _store(args, scene, config.white_background)
+    return folder, config, scene, _store(args, scene, config.white_background)
+
+
+def _train_rank(args: Namespace) -> int:
+    """One spawned rank: like a rank started by torchrun."""
+    ranks = group.from_environment()
+    _share_cores(args, ranks)
+    return run_reported(partial(_train, args, ranks))
+
+
+def _share_cores(args: Namespace, ranks: group.Ranks | None) -> None:
+    """Ranks on one machine split its cores, unless --threads says otherwise."""
+    if ranks is not None and args.threads is None:
+        threads = group.threads_per_rank(ranks.local_world)
+        torch.set_num_threads(threads)
+        numba.set_num_threads(threads)
+
+
+def _train(args: Namespace, ranks: group.Ranks | None) -> None:
+    folder, config, scene, store = _checked_inputs(args)
+    writes = ranks is None or ranks.rank == 0
     options = RunOptions(args.output, args.eval, args.eval_every, list(args.save_at),
-                         args.checkpoint_every, progress=not args.quiet)
-    trainer = Trainer(scene, store, config, options)
-    with folder.lock():
+                         args.checkpoint_every, progress=writes and not args.quiet,
+                         writes=writes)
+    make_engine = LocalEngine
+    if ranks is not None:
+        group.join(ranks)
+        make_engine = partial(_distributed_engine, ranks, args.balance)
+    trainer = Trainer(scene, store, config, options, make_engine=make_engine)
+    with folder.lock() if writes else nullcontext():
         if args.resume:
             trainer.resume(folder.checkpoint)
-            folder.truncate_metrics(trainer.images_seen)
-        else:
+            if writes:
+                folder.truncate_metrics(trainer.images_seen)
+        elif writes:
             folder.clear_previous_run()
-        write_json(args.output / "config.json", {
-            **config.to_dict(), "data": str(scene.source), "eval": args.eval,
-            "resolution": args.resolution, "max_width": args.max_width})
+        if writes:
+            write_json(args.output / "config.json", {
+                **config.to_dict(), "data": str(scene.source), "eval": args.eval,
+                "resolution": args.resolution, "max_width": args.max_width,
+                "world_size": ranks.world if ranks else 1})
         report = trainer.run()
-    print(json.dumps(report))
+    if writes:
+        print(json.dumps(report))
+
+
+def _distributed_engine(ranks: group.Ranks, balance: str, model: GaussianModel,
+                        batch_size: int, background: torch.Tensor,
+                        ssim_weight: float) -> DistributedEngine:
+    return DistributedEngine(shard_of(model, ranks.rank, ranks.world), batch_size, background,
+                             ssim_weight, balance)
 
 
 def _split_ids(scene, split: str) -> list[int]:

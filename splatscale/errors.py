@@ -1,8 +1,13 @@
 """Errors a user can act on: the message names the file (or flag) and the problem.
 
-The CLI prints each as one line, ``splatscale: error: <message>``, and exits
-with its ``exit_code``; anything else that escapes is a bug of ours.
+``run_reported`` prints each as one line, ``splatscale: error: <message>``, and
+returns its ``exit_code``; anything else that escapes is a bug of ours.
 """
+
+import os
+import sys
+import traceback
+from typing import Callable
 
 
 class SplatscaleError(Exception):
@@ -25,3 +30,31 @@ class Interrupted(SplatscaleError):
     """Ctrl-C: the run stopped after a step and saved a checkpoint."""
 
     exit_code = 130
+
+
+def run_reported(call: Callable[[], int | None]) -> int:
+    """``call()``'s exit status, every failure turned into one line on stderr (printed
+    by rank 0 alone when ranks run together: they all meet the same bad input)."""
+    speaks = os.environ.get("RANK", "0") == "0"
+
+    def say(message: str) -> None:
+        if speaks:
+            print(f"splatscale: {message}", file=sys.stderr)
+
+    try:
+        return call() or 0
+    except SplatscaleError as error:
+        say(f"error: {error}")
+        return error.exit_code
+    except OSError as error:  # the disk, permissions, a path that is a file: the environment
+        where = f"{error.filename}: " if error.filename else ""
+        say(f"error: {where}{error.strerror or error}")
+        return 2
+    except KeyboardInterrupt:
+        say("interrupted")
+        return 130
+    except Exception:  # noqa: BLE001 - anything else is our bug: say so, keep the traceback
+        traceback.print_exc()
+        say("internal error: this is a bug in splatscale, not in your input; "
+            "please report it with the traceback above")
+        return 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numba
 import pytest
 import torch
@@ -11,6 +13,7 @@ import torch.multiprocessing as mp
 from splatscale.engine.distributed import DistributedEngine, shard_of
 from splatscale.engine.distributed.engine import gather_rows
 from splatscale.engine.local import LocalEngine
+from splatscale.model.ply import read_ply
 from tests.conftest import densifying_run, densifying_scene
 
 
@@ -83,3 +86,23 @@ def test_ranks_equal_the_single_process(world, single_process, tmp_path):
     assert len(want["keys"]) != 60, "densification must have happened"
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-14, msg=name)
+
+
+def test_nproc_trains_and_writes_once(tmp_path, capfd):
+    from splatscale.cli import main
+
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    out = tmp_path / "run"
+    assert main(["train", "-o", str(out), "--iterations", "20", "--nproc", "2", "--quiet",
+                 *cache]) == 0
+    report = json.loads(capfd.readouterr().out)
+    assert report["iterations"] == 20
+    assert json.loads((out / "config.json").read_text())["world_size"] == 2
+    assert [json.loads(line)["images"] for line in
+            (out / "metrics.jsonl").read_text().splitlines()] == [10, 20], "rank 0 logs alone"
+    assert len(read_ply(out / "point_cloud.ply")) == report["num_gaussians"]
+
+    assert main(["train", str(tmp_path / "nowhere"), "-o", str(tmp_path / "other"),
+                 "--nproc", "2", *cache]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such file or folder" in err[0], err

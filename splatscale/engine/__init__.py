@@ -22,7 +22,9 @@ One training step is, in this order (3DGS's order):
    parameter tensor replaced in step 2 has no gradient and is not stepped.
 
 ``state_dict``/``load_state_dict`` hold everything needed to continue the run
-bit for bit (parameters, Adam state, statistics, RNG of densification).
+bit for bit (parameters, Adam state, statistics, keys, densification count).
+Every method is called by every rank in the same order: with several ranks
+they are collective.
 
 local        everything on one device (``LocalEngine``)
 distributed  Grendel: sharding, pixel partition, balancer, sparse all-to-all
@@ -74,6 +76,10 @@ class Engine(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def any_rank(self, flag: bool) -> bool:
+        """Whether ``flag`` is set on any rank (so all ranks act on one rank's Ctrl-C)."""
+        ...
 
 
 __all__ = ["Engine", "StepResult", "TrainView"]

@@ -45,6 +45,10 @@ class RunOptions:
     checkpoint_every: int = 1000  # images; 0: only at the end
     log_every: int = 10           # steps
     progress: bool = True
+    writes: bool = True           # this process writes the outputs (rank 0 of a distributed run)
+
+
+EngineFactory = Callable[[GaussianModel, int, torch.Tensor, float], Engine]
 
 
 def initial_model(scene: Scene, train_ids: list[int], seed: int):
@@ -58,7 +62,10 @@ def initial_model(scene: Scene, train_ids: list[int], seed: int):
 
 class Trainer:
     def __init__(self, scene: Scene, store: ImageStore, config: TrainConfig,
-                 options: RunOptions, engine: Engine | None = None) -> None:
+                 options: RunOptions, engine: Engine | None = None,
+                 make_engine: EngineFactory = LocalEngine) -> None:
+        """``engine``, if given, is used as it is; otherwise ``make_engine(initial model,
+        batch size, background, SSIM weight)`` makes one (a LocalEngine by default)."""
         self.scene, self.store, self.config, self.options = scene, store, config, options
         self.train_ids, self.test_ids = scene.split(options.eval_split)
         if not self.train_ids:
@@ -68,7 +75,7 @@ class Trainer:
         self.extent = scene.camera_extent(self.train_ids)  # 3DGS: training cameras only
         white = config.white_background or scene.background == (1.0, 1.0, 1.0)
         self.background = torch.ones(3) if white else torch.zeros(3)
-        self.engine = engine or LocalEngine(initial_model(scene, self.train_ids, config.seed),
+        self.engine = engine or make_engine(initial_model(scene, self.train_ids, config.seed),
                                             config.batch_size, self.background,
                                             config.ssim_weight)
         self.images_seen = 0
@@ -149,9 +156,9 @@ class Trainer:
                                 gaussians=entry["num_gaussians"],
                                 img_s=f"{entry['images_per_second']:.1f}")
                 if self.steps % o.log_every == 0 or self.steps == total_steps:
-                    _append_jsonl(log_path, entry)
+                    self._write(_append_jsonl, log_path, entry)
                 self._periodic(before, log_path)
-                if interrupted():
+                if self.engine.any_rank(interrupted()):
                     bar.close()
                     self.save_checkpoint()
                     raise Interrupted(f"interrupted after image {self.images_seen}; "
@@ -163,9 +170,9 @@ class Trainer:
         o, after = self.options, self.images_seen
         for mark in o.save_at:
             if before < mark <= after:
-                write_ply(self._finite_model(), o.output / f"point_cloud_{mark}.ply")
+                self._write(write_ply, self._finite_model(), o.output / f"point_cloud_{mark}.ply")
         if o.eval_every and self.test_ids and crosses(before, after, o.eval_every):
-            _append_jsonl(log_path, {"images": after, "test": self.evaluate()})
+            self._write(_append_jsonl, log_path, {"images": after, "test": self.evaluate()})
         if o.checkpoint_every and crosses(before, after, o.checkpoint_every):
             self.save_checkpoint()
 
@@ -178,12 +185,13 @@ class Trainer:
             scores.add(image, self.store.as_float(i))
             if render_dir is not None:
                 name = Path(self.store.camera(i).name).stem + ".png"
-                write_png((image * 255).round().to(torch.uint8).numpy(), render_dir / name)
+                self._write(write_png, (image * 255).round().to(torch.uint8).numpy(),
+                            render_dir / name)
         return scores.summary()
 
     def finish(self) -> dict:
         o = self.options
-        write_ply(self._finite_model(), o.output / "point_cloud.ply")
+        self._write(write_ply, self._finite_model(), o.output / "point_cloud.ply")
         self.save_checkpoint()
         report = {
             "num_gaussians": self.engine.num_gaussians(),
@@ -197,12 +205,18 @@ class Trainer:
         }
         if self.test_ids:
             report["test"] = self.evaluate(render_dir=o.output / "renders" / "test")
-            _append_jsonl(o.output / "metrics.jsonl", {"images": self.images_seen,
-                                                       "test": report["test"]})
-        write_json(o.output / "report.json", report)
+            self._write(_append_jsonl, o.output / "metrics.jsonl",
+                        {"images": self.images_seen, "test": report["test"]})
+        self._write(write_json, o.output / "report.json", report)
         return report
 
     # -- checkpoints ------------------------------------------------------------------
+
+    def _write(self, write: Callable, *args) -> None:
+        """``write(*args)`` on the process that writes the outputs. The values are computed
+        on every process: with several ranks, computing them is collective."""
+        if self.options.writes:
+            write(*args)
 
     @property
     def checkpoint_path(self) -> Path:
@@ -231,7 +245,8 @@ class Trainer:
     def save_checkpoint(self) -> None:
         """Write everything a resume needs; never a non-finite state."""
         self._finite_model()
-        save_checkpoint(self.checkpoint_path, self.state_dict(), self.engine.state_dict())
+        self._write(save_checkpoint, self.checkpoint_path, self.state_dict(),
+                    self.engine.state_dict())
         self.checkpoint_images = self.images_seen
 
     def resume(self, path: Path) -> None:

@@ -2,6 +2,7 @@
 partitioned over ranks (``partition``), splats sent only where they are rendered
 (``exchange``), one step per rank in ``engine``."""
 
+from splatscale.engine.distributed import group
 from splatscale.engine.distributed.engine import DistributedEngine, shard_of
 
-__all__ = ["DistributedEngine", "shard_of"]
+__all__ = ["DistributedEngine", "group", "shard_of"]

@@ -132,6 +132,11 @@ class DistributedEngine(LocalEngine):
         error = (out.rgb.detach()[own[0]:own[1]].clamp(0, 1) - target[own[0]:own[1]]) ** 2
         return loss, float(error.sum())
 
+    def any_rank(self, flag: bool) -> bool:
+        agreed = torch.tensor([int(flag)])
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        return bool(agreed)
+
     def num_gaussians(self) -> int:
         count = torch.tensor([len(self.model)])
         dist.all_reduce(count)
