@@ -40,8 +40,10 @@ def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
         results["steps"][batch_size] = (loss, by_key(gather_rows(engine.model.keys), grads),
                                         engine.last_bands)
     engine = DistributedEngine(shard_of(model, rank, world), 2, torch.zeros(3))
+    engine.max_imbalance = 1.0  # rebalance after every densification
     results["losses"] = densifying_run(engine, views)
     results["state"] = engine.state_dict()
+    results["shards"] = gather_rows(torch.tensor([len(engine.model)]))
     if rank == 0:
         torch.save(results, out_file)
     dist.destroy_process_group()
@@ -82,6 +84,8 @@ def test_ranks_equal_the_single_process(world, single_process, tmp_path):
             cuts = [band.rows[0] for rank_bands in bands[1:] for band in rank_bands[:1]]
             assert any(cut % 16 for cut in cuts), f"some band must split a tile row: {bands}"
     assert ranks["losses"] == pytest.approx(single_process["losses"], rel=1e-9)
+    shards = ranks["shards"].tolist()
+    assert max(shards) - min(shards) <= 1, f"rebalanced shards: {shards}"
     got, want = whole_state(ranks["state"]), whole_state(single_process["state"])
     assert len(want["keys"]) != 60, "densification must have happened"
     for name in want:

@@ -35,6 +35,8 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.render import RenderOutput, Splats, project, rasterize, render
 from splatscale.step.loss import photometric_loss
 
+# Shards are rebalanced after densification when the largest exceeds the smallest by this.
+MAX_IMBALANCE = 1.1
 FLOAT_COLUMNS = {"means2d": 2, "conics": 3, "colors": 3, "depths": 1, "opacities": 1}
 
 
@@ -69,6 +71,7 @@ class DistributedEngine(LocalEngine):
                  ssim_weight: float = 0.2, balance: str = "cost") -> None:
         super().__init__(shard, batch_size, background, ssim_weight)
         self.balance = balance
+        self.max_imbalance = MAX_IMBALANCE
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.last_bands: list[list[Band]] = []
 
@@ -131,6 +134,37 @@ class DistributedEngine(LocalEngine):
                                 count=3 * camera.width * camera.height)
         error = (out.rgb.detach()[own[0]:own[1]].clamp(0, 1) - target[own[0]:own[1]]) ** 2
         return loss, float(error.sum())
+
+    def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
+                          min_opacity: float, prune_large: bool) -> None:
+        """Densify this rank's shard, then even out the shards if they drifted apart."""
+        super().densify_and_prune(grad_threshold, percent_dense, extent, min_opacity,
+                                  prune_large)
+        self.rebalance()
+
+    def rebalance(self) -> None:
+        """Move Gaussians, with their Adam state, statistics and keys, between ranks so
+        that the shards are an even split of the whole, kept in rank order."""
+        sizes = torch.zeros(self.world, dtype=torch.int64)
+        sizes[self.rank] = len(self.model)
+        dist.all_reduce(sizes)
+        if int(sizes.max()) <= self.max_imbalance * int(sizes.min()):
+            return
+        total, start = int(sizes.sum()), int(sizes[:self.rank].sum())
+        bounds = torch.tensor([total * r // self.world for r in range(1, self.world)])
+        owners = torch.searchsorted(bounds, torch.arange(start, start + len(self.model)),
+                                    right=True)
+        send = torch.bincount(owners, minlength=self.world).tolist()
+        recv = exchange_counts(send)
+        move = lambda t: all_to_all(t.detach(), send, recv)  # noqa: E731 - rows stay in order
+        adam = self.optimizer
+        for name, tensor in self.model.parameters().items():
+            setattr(self.model, name, move(tensor).requires_grad_(True))
+            adam.exp_avg[name], adam.exp_avg_sq[name] = (move(adam.exp_avg[name]),
+                                                         move(adam.exp_avg_sq[name]))
+        self.model.keys = move(self.model.keys)
+        adam.params = self.model.parameters()
+        self.stats = type(self.stats)(move(self.stats.grad_sum), move(self.stats.count))
 
     def any_rank(self, flag: bool) -> bool:
         agreed = torch.tensor([int(flag)])
