@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numba
 import pytest
@@ -110,3 +117,40 @@ def test_nproc_trains_and_writes_once(tmp_path, capfd):
                  "--nproc", "2", *cache]) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such file or folder" in err[0], err
+
+
+def children_of(pid: int) -> list[int]:
+    """The spawned ranks among ``pid``'s child processes (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes()
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == pid and b"spawn_main" in command:
+            found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks through /proc")
+def test_a_killed_rank_stops_the_run_naming_it(tmp_path):
+    out = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "splatscale", "train", "-o", str(out), "--nproc", "2", "--quiet",
+         "--iterations", "100000", "--checkpoint-every", "0", "--cache-dir",
+         str(tmp_path / "cache")], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
+        time.sleep(0.2)  # training is under way
+    ranks = children_of(process.pid)
+    assert len(ranks) == 2, ranks
+    os.kill(ranks[1], signal.SIGKILL)
+    killed = time.monotonic()
+    _, err = process.communicate(timeout=90)
+    assert time.monotonic() - killed < 60
+    assert process.returncode == 2 and "Traceback" not in err, err
+    assert re.search(r"rank \d of 2 exited with status -9; the other ranks were stopped", err)
+    assert not (out / "checkpoint.pt").exists(), "no torn or partial checkpoint"
