@@ -28,7 +28,8 @@ from torch import Tensor
 from splatscale.data.cameras import Camera
 from splatscale.engine import StepResult, TrainView
 from splatscale.engine.distributed.exchange import (all_to_all, all_to_all_differentiable,
-                                                    exchange_counts, render_rows, route)
+                                                    exchange_counts, pack, render_rows, route,
+                                                    unpack)
 from splatscale.engine.distributed.partition import Band, partition, tile_row_work
 from splatscale.engine.local import LocalEngine
 from splatscale.model.gaussians import GaussianModel
@@ -37,7 +38,6 @@ from splatscale.step.loss import photometric_loss
 
 # Shards are rebalanced after densification when the largest exceeds the smallest by this.
 MAX_IMBALANCE = 1.1
-FLOAT_COLUMNS = {"means2d": 2, "conics": 3, "colors": 3, "depths": 1, "opacities": 1}
 
 
 def shard_rows(count: int, rank: int, world: int) -> slice:
@@ -107,10 +107,7 @@ class DistributedEngine(LocalEngine):
         """The splats this rank renders: float columns (with gradient) and int columns."""
         send, send_counts = route(splats, bands, cameras)
         recv_counts = exchange_counts(send_counts)
-        floats = torch.cat([getattr(splats, name).reshape(len(splats), -1)
-                            for name in FLOAT_COLUMNS], dim=1)
-        ints = torch.cat([splats.radii.to(torch.int64), splats.keys[:, None],
-                          splats.camera_ids[:, None]], dim=1)
+        floats, ints = pack(splats)
         return (all_to_all_differentiable(floats.index_select(0, send), send_counts,
                                           recv_counts),
                 all_to_all(ints.index_select(0, send), send_counts, recv_counts))
@@ -118,15 +115,8 @@ class DistributedEngine(LocalEngine):
     def _band_loss(self, band: Band, view: TrainView, floats: Tensor,
                    ints: Tensor) -> tuple[Tensor, float]:
         camera = view.camera
-        mine = (ints[:, 3] == band.camera).nonzero()[:, 0]
-        columns = dict(zip(FLOAT_COLUMNS, floats.index_select(0, mine).split(
-            list(FLOAT_COLUMNS.values()), dim=1)))
-        part = Splats(torch.zeros(len(mine), dtype=torch.int64), mine,
-                      columns["means2d"], columns["conics"], columns["depths"][:, 0],
-                      ints[mine, :2].to(torch.int32), columns["colors"],
-                      columns["opacities"][:, 0], ints[mine, 2], [0, len(mine)], [camera])
         y0, y1 = render_rows(band, camera)
-        out = rasterize(part, camera.width, camera.height, rows=(y0, y1),
+        out = rasterize(unpack(floats, ints, band.camera, camera), camera.width, camera.height, rows=(y0, y1),
                         background=self.background)
         own = (band.rows[0] - y0, band.rows[1] - y0)
         target = view.target[y0:y1].to(out.rgb.dtype)

@@ -1,8 +1,9 @@
 """The sparse exchange: each projected splat goes only to the ranks that render it.
 
 A rank renders its bands widened by ``HALO`` rows (SSIM's window reads them);
-a splat is needed there when its tile box meets the tile rows of that widened
-band, the rows the rasteriser bins it into. Payloads move with
+a splat is needed there when its box meets those rows: outside its box a
+splat's alpha is below 1/255, which compositing skips, so leaving it out of
+a band it does not reach changes no pixel and no gradient. Payloads move with
 ``all_to_all_single`` and split sizes (the one collective that takes unequal
 sizes on both gloo and NCCL); the float payload's backward sends the gradients
 back to the ranks that own the Gaussians.
@@ -17,11 +18,31 @@ from torch import Tensor
 from splatscale.data.cameras import Camera
 from splatscale.engine.distributed.partition import Band
 from splatscale.render import Splats
-from splatscale.render.binning import tile_boxes
-from splatscale.render.conventions import TILE_SIZE
 from splatscale.step.ssim import RADIUS
 
 HALO = RADIUS  # rows beyond a band that SSIM's window reads
+# What travels per splat: these float columns (with gradient), then radii, key, camera.
+FLOAT_COLUMNS = {"means2d": 2, "conics": 3, "colors": 3, "depths": 1, "opacities": 1}
+
+
+def pack(splats: Splats) -> tuple[Tensor, Tensor]:
+    """The splats as rows: floats [M, 10] (differentiable) and ints [M, 4]."""
+    floats = torch.cat([getattr(splats, name).reshape(len(splats), -1)
+                        for name in FLOAT_COLUMNS], dim=1)
+    ints = torch.cat([splats.radii.to(torch.int64), splats.keys[:, None],
+                      splats.camera_ids[:, None]], dim=1)
+    return floats, ints
+
+
+def unpack(floats: Tensor, ints: Tensor, camera_index: int, camera: Camera) -> Splats:
+    """The received rows of one camera of the batch, as one camera's Splats."""
+    mine = (ints[:, 3] == camera_index).nonzero()[:, 0]
+    columns = dict(zip(FLOAT_COLUMNS, floats.index_select(0, mine).split(
+        list(FLOAT_COLUMNS.values()), dim=1)))
+    return Splats(torch.zeros(len(mine), dtype=torch.int64), mine, columns["means2d"],
+                  columns["conics"], columns["depths"][:, 0], ints[mine, :2].to(torch.int32),
+                  columns["colors"], columns["opacities"][:, 0], ints[mine, 2], [0, len(mine)],
+                  [camera])
 
 
 def render_rows(band: Band, camera: Camera) -> tuple[int, int]:
@@ -32,14 +53,16 @@ def render_rows(band: Band, camera: Camera) -> tuple[int, int]:
 def route(splats: Splats, bands: list[list[Band]],
           cameras: list[Camera]) -> tuple[Tensor, list[int]]:
     """(indices of the splats to send, grouped by destination rank; counts per rank)."""
-    lo, hi = tile_boxes(splats.means2d, splats.radii)
+    centre = splats.means2d.detach()[:, 1]
+    radius = splats.radii[:, 1].to(centre.dtype)
     indices, counts = [], []
     for rank_bands in bands:
         chosen = []
         for band in rank_bands:
             y0, y1 = render_rows(band, cameras[band.camera])
-            first, end = y0 // TILE_SIZE, -(-y1 // TILE_SIZE)
-            hit = (splats.camera_ids == band.camera) & (lo[:, 1] < end) & (hi[:, 1] > first)
+            # Pixel centres y + 0.5 of rows [y0, y1) against the box [centre -+ radius].
+            hit = ((splats.camera_ids == band.camera) & (centre - radius <= y1 - 0.5)
+                   & (centre + radius >= y0 + 0.5))
             chosen.append(hit.nonzero()[:, 0])
         rows = torch.cat(chosen) if chosen else torch.zeros(0, dtype=torch.int64)
         indices.append(rows)
