@@ -51,6 +51,7 @@ def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
     results["losses"] = densifying_run(engine, views)
     results["state"] = engine.state_dict()
     results["shards"] = gather_rows(torch.tensor([len(engine.model)]))
+    results["render"] = engine.render(views[1].camera)
     if rank == 0:
         torch.save(results, out_file)
     dist.destroy_process_group()
@@ -65,7 +66,8 @@ def single_process():
         loss = engine.forward_backward(views[:batch_size], track_stats=True).loss
         steps[batch_size] = (loss, step_state(engine, engine.model.keys))
     engine = LocalEngine(model.detach(), 2, torch.zeros(3))
-    return {"steps": steps, "losses": densifying_run(engine, views), "state": engine.state_dict()}
+    return {"steps": steps, "losses": densifying_run(engine, views), "state": engine.state_dict(),
+            "render": engine.render(views[1].camera)}
 
 
 def whole_state(state: dict) -> dict:
@@ -93,6 +95,9 @@ def test_ranks_equal_the_single_process(world, single_process, tmp_path):
     assert ranks["losses"] == pytest.approx(single_process["losses"], rel=1e-9)
     shards = ranks["shards"].tolist()
     assert max(shards) - min(shards) <= 1, f"rebalanced shards: {shards}"
+    for name in ("rgb", "alpha", "depth"):
+        torch.testing.assert_close(getattr(ranks["render"], name),
+                                   getattr(single_process["render"], name), rtol=1e-12, atol=0)
     got, want = whole_state(ranks["state"]), whole_state(single_process["state"])
     assert len(want["keys"]) != 60, "densification must have happened"
     for name in want:

@@ -33,7 +33,7 @@ from splatscale.engine.distributed.exchange import (all_to_all, all_to_all_diffe
 from splatscale.engine.distributed.partition import Band, partition, tile_row_work
 from splatscale.engine.local import LocalEngine
 from splatscale.model.gaussians import GaussianModel
-from splatscale.render import RenderOutput, Splats, project, rasterize, render
+from splatscale.render import RenderOutput, Splats, project, rasterize
 from splatscale.step.loss import photometric_loss
 
 # Shards are rebalanced after densification when the largest exceeds the smallest by this.
@@ -174,7 +174,20 @@ class DistributedEngine(LocalEngine):
 
     @torch.no_grad()
     def render(self, camera: Camera) -> RenderOutput:
-        return render(self.gather_model(), camera, background=self.background)
+        """The whole view on every rank, each rank rendering its rows of it."""
+        splats = project(self.model, [camera])
+        work = tile_row_work(splats, [camera])
+        dist.all_reduce(work)
+        bands = partition(work, [camera], self.world, self.balance)
+        floats, ints = self._exchange(splats, bands, [camera])
+        image = torch.zeros(camera.height, camera.width, 5, dtype=self.model.means.dtype)
+        for band in bands[self.rank]:
+            out = rasterize(unpack(floats, ints, 0, camera), camera.width, camera.height,
+                            rows=band.rows, background=self.background)
+            image[band.rows[0]:band.rows[1]] = torch.cat(
+                [out.rgb, out.alpha[..., None], out.depth[..., None]], dim=-1)
+        dist.all_reduce(image)  # each row comes from one rank, zeros from the others
+        return RenderOutput(image[..., :3], image[..., 3], image[..., 4], (0, camera.height))
 
     def state_dict(self) -> dict:
         """The whole run's state, as a single process holds it (gathered in rank order)."""
