@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from argparse import Namespace
 from contextlib import nullcontext
 from functools import partial
@@ -19,6 +18,7 @@ from splatscale.data.images import ImageStore, write_png
 from splatscale.engine.distributed import DistributedEngine, group, shard_of
 from splatscale.engine.local import LocalEngine
 from splatscale.errors import SplatscaleError, run_reported
+from splatscale.messages import muted, notice
 from splatscale.model.gaussians import GaussianModel
 from splatscale.model.ply import read_ply, write_ply, write_splat
 from splatscale.render import render as render_view
@@ -63,14 +63,14 @@ def _resumed_config(args: Namespace, checkpoint: Path) -> TrainConfig:
     for name, flag in RUN_FLAGS.items():
         value = getattr(args, name)
         if value is not None and value != getattr(config, name):
-            print(f"splatscale: {flag} {value} ignored: the resumed run keeps "
-                  f"{getattr(config, name)} from its checkpoint", file=sys.stderr)
+            notice(f"{flag} {value} ignored: the resumed run keeps "
+                   f"{getattr(config, name)} from its checkpoint")
     if args.iterations is not None and args.iterations != config.iterations:
         if args.iterations < saved["images_seen"]:
             raise SplatscaleError(f"--iterations {args.iterations}: {checkpoint} has already "
                                   f"trained on {saved['images_seen']} images")
-        print(f"splatscale: --iterations: the run now ends after {args.iterations} images "
-              f"(it was to end after {config.iterations})", file=sys.stderr)
+        notice(f"--iterations: the run now ends after {args.iterations} images "
+               f"(it was to end after {config.iterations})")
         config.iterations = args.iterations
     return config
 
@@ -81,7 +81,8 @@ def train(args: Namespace) -> None:
     _check_device(args.device)
     ranks = group.from_environment()
     if args.nproc > 1 and ranks is None:
-        _checked_inputs(args)[3].check()  # bad input is reported once, before ranks start
+        with muted():  # bad input is reported once, before ranks start; notices by rank 0
+            _checked_inputs(args)[3].check()
         group.spawn(partial(_train_rank, args), args.nproc)
         return
     _share_cores(args, ranks)

@@ -4,10 +4,10 @@
 returns its ``exit_code``; anything else that escapes is a bug of ours.
 """
 
-import os
-import sys
 import traceback
 from typing import Callable
+
+from splatscale.messages import notice
 
 
 class SplatscaleError(Exception):
@@ -35,12 +35,7 @@ class Interrupted(SplatscaleError):
 def run_reported(call: Callable[[], int | None]) -> int:
     """``call()``'s exit status, every failure turned into one line on stderr (printed
     by rank 0 alone when ranks run together: they all meet the same bad input)."""
-    speaks = os.environ.get("RANK", "0") == "0"
-
-    def say(message: str) -> None:
-        if speaks:
-            print(f"splatscale: {message}", file=sys.stderr)
-
+    say = notice
     try:
         return call() or 0
     except SplatscaleError as error:

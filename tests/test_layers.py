@@ -9,7 +9,7 @@ import splatscale
 
 # Bottom to top; a module may import its own layer and those below it.
 LAYERS = [
-    {"errors", "atomic"},
+    {"errors", "atomic", "messages"},
     {"data"},
     {"model"},
     {"render"},

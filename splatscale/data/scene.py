@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import numpy as np
 
 from splatscale.data.cameras import Camera
 from splatscale.errors import DataError
+from splatscale.messages import notice
 
 
 @dataclass(frozen=True)
@@ -79,4 +79,4 @@ def check_missing_images(missing: list[str], listed: int, source: Path,
         raise DataError(f"{source}: {what}; --skip-missing-images trains on the others")
     if len(missing) == listed:
         raise DataError(f"{source}: all {what}")
-    print(f"splatscale: {source}: {what}; skipping them", file=sys.stderr)
+    notice(f"{source}: {what}; skipping them")

@@ -4,12 +4,12 @@ present, LPIPS (VGG, as the 3DGS paper reports it)."""
 from __future__ import annotations
 
 import statistics
-import sys
 import warnings
 
 import torch
 from torch import Tensor
 
+from splatscale.messages import notice
 from splatscale.step.loss import psnr
 from splatscale.step.ssim import ssim
 
@@ -29,7 +29,7 @@ def _lpips():
                 _lpips_model = lpips.LPIPS(net="vgg", verbose=False).eval()
         except Exception as error:  # no package, or its weights cannot be fetched offline
             _lpips_missing = f"LPIPS skipped: {type(error).__name__}: {error}"
-            print(_lpips_missing, file=sys.stderr)
+            notice(_lpips_missing)
     return _lpips_model
 
 

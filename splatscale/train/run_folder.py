@@ -12,13 +12,13 @@ import json
 import os
 import shutil
 import socket
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from splatscale.atomic import atomic_path
 from splatscale.errors import SplatscaleError
+from splatscale.messages import notice
 
 LOCK_NAME = ".splatscale.lock"
 CHECKPOINT = "checkpoint.pt"
@@ -79,8 +79,7 @@ class RunFolder:
                     raise SplatscaleError(
                         f"{self.path}: {holder} is writing here (lock {path}; delete it "
                         "if that run is gone)") from None
-                print(f"splatscale: {path}: taking over the lock of process {owner[0]}, "
-                      "which has ended", file=sys.stderr)
+                notice(f"{path}: taking over the lock of process {owner[0]}, which has ended")
                 path.unlink(missing_ok=True)
                 taken_over = True
         with os.fdopen(fd, "w") as handle:

@@ -6,7 +6,6 @@ import json
 import math
 import resource
 import signal
-import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -23,6 +22,7 @@ from splatscale.data.scene import Scene
 from splatscale.engine import Engine, TrainView
 from splatscale.engine.local import LocalEngine
 from splatscale.errors import DataError, Interrupted, TrainingDiverged
+from splatscale.messages import notice
 from splatscale.model import GaussianModel, init_from_points
 from splatscale.model.init import random_points_in_view
 from splatscale.model.ply import write_ply
@@ -280,8 +280,7 @@ def _ctrl_c_after_step() -> Iterator[Callable[[], bool]]:
         if pressed:
             raise KeyboardInterrupt
         pressed.append(signum)
-        print("\nsplatscale: finishing this step to save a checkpoint (Ctrl-C again to "
-              "stop at once)", file=sys.stderr)
+        notice("finishing this step to save a checkpoint (Ctrl-C again to stop at once)")
 
     previous = signal.signal(signal.SIGINT, on_ctrl_c)
     try:
