@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--densify-until", type=_integer(0), default=None,
                        help="images after which densification stops (default 15000)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
-    train.add_argument("--nproc", type=_integer(1, MAX_THREADS), default=1,
+    train.add_argument("--nproc", type=_integer(1), default=1,
                        help="train with N local ranks (Grendel), each with cores/N threads; "
                             "or start the command under torchrun")
     train.add_argument("--balance", choices=("cost", "uniform"), default="cost",

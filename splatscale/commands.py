@@ -22,7 +22,7 @@ from splatscale.messages import muted, notice
 from splatscale.model.gaussians import GaussianModel
 from splatscale.model.ply import read_ply, write_ply, write_splat
 from splatscale.render import render as render_view
-from splatscale.train.checkpoint import load_checkpoint
+from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
 from splatscale.train.metrics import ImageMetrics
 from splatscale.train.run_folder import RunFolder
@@ -58,7 +58,7 @@ def _new_config(args: Namespace) -> TrainConfig:
 
 def _resumed_config(args: Namespace, checkpoint: Path) -> TrainConfig:
     """The checkpoint's settings; a new --iterations extends (or shortens) the run."""
-    saved, _ = load_checkpoint(checkpoint)
+    saved = load_trainer_state(checkpoint)
     config = TrainConfig.from_dict(saved["config"])
     for name, flag in RUN_FLAGS.items():
         value = getattr(args, name)

@@ -81,11 +81,12 @@ def densifying_scene(dtype=torch.float64) -> tuple[list[TrainView], GaussianMode
     return views, random_model(60, seed=12, spread=0.8, log_scale=(-2.5, -1.0), dtype=dtype)
 
 
-def densifying_run(engine, views: list[TrainView]) -> list[float]:
-    """TRAIN_STEPS steps of batches of 2 with clones, splits, pruning and an opacity
-    reset inside; the losses."""
+def densifying_run(engine, views: list[TrainView],
+                   steps: range = range(TRAIN_STEPS)) -> list[float]:
+    """Steps of batches of 2 with clones, splits, pruning and an opacity reset inside
+    (all TRAIN_STEPS, or ``steps`` of them); the losses."""
     losses = []
-    for step in range(TRAIN_STEPS):
+    for step in steps:
         batch = [views[(2 * step) % 4], views[(2 * step + 1) % 4]]
         losses.append(engine.forward_backward(batch, track_stats=True).loss)
         if step in (3, 8):

@@ -21,6 +21,8 @@ from splatscale.engine.distributed import DistributedEngine, shard_of
 from splatscale.engine.distributed.engine import gather_rows
 from splatscale.engine.local import LocalEngine
 from splatscale.model.ply import read_ply
+from splatscale.train.checkpoint import KEYS, load_checkpoint, save_checkpoint
+from tests.conftest import TRAIN_STEPS as STEPS
 from tests.conftest import densifying_run, densifying_scene
 
 
@@ -33,11 +35,28 @@ def step_state(engine, keys) -> dict:
     return by_key(keys, {n: p.grad for n, p in engine.model.parameters().items()})
 
 
-def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
+# What a checkpoint needs of the Trainer; these tests save engines alone.
+TRAINER_STATE = {name: None for name in KEYS["trainer"]}
+
+
+def join(rank: int, world: int, init_file: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world)
     torch.set_num_threads(1)
     numba.set_num_threads(1)
+
+
+def save(engine, path: Path, images: int) -> None:
+    save_checkpoint(path, {**TRAINER_STATE, "images_seen": images}, engine.state_dict(),
+                    engine.shard(), writes=engine.shard()[0] == 0)
+
+
+def whole_state_saved(path: Path) -> dict:
+    return load_checkpoint(path)[1]
+
+
+def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
+    join(rank, world, init_file)
     views, model = densifying_scene()
     results = {"steps": {}}
     for batch_size in (1, 4):
@@ -49,11 +68,25 @@ def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
     engine = DistributedEngine(shard_of(model, rank, world), 2, torch.zeros(3))
     engine.max_imbalance = 1.0  # rebalance after every densification
     results["losses"] = densifying_run(engine, views)
-    results["state"] = engine.state_dict()
     results["shards"] = gather_rows(torch.tensor([len(engine.model)]))
     results["render"] = engine.render(views[1].camera)
+    checkpoint = Path(out_file).with_name("checkpoint.pt")
+    save(engine, checkpoint, STEPS)
+    dist.barrier()
     if rank == 0:
+        results["state"] = whole_state_saved(checkpoint)
         torch.save(results, out_file)
+    dist.destroy_process_group()
+
+
+def resume_rank(rank: int, world: int, init_file: str, checkpoint: str, steps: range) -> None:
+    """Continue the saved run at this world size for ``steps``, then save it."""
+    join(rank, world, init_file)
+    views, model = densifying_scene()
+    engine = DistributedEngine(shard_of(model, rank, world), 2, torch.zeros(3))
+    engine.load_state_dict(load_checkpoint(Path(checkpoint), engine.shard())[1])
+    densifying_run(engine, views, steps)
+    save(engine, Path(checkpoint), steps.stop)
     dist.destroy_process_group()
 
 
@@ -100,6 +133,24 @@ def test_ranks_equal_the_single_process(world, single_process, tmp_path):
                                    getattr(single_process["render"], name), rtol=1e-12, atol=0)
     got, want = whole_state(ranks["state"]), whole_state(single_process["state"])
     assert len(want["keys"]) != 60, "densification must have happened"
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-14, msg=name)
+
+
+def test_resume_at_other_world_sizes_continues_the_run(single_process, tmp_path):
+    """1 rank for 4 steps, then 3 ranks for 4, then 2 ranks to the end: the single
+    process' model and Adam state; no rank ever read or wrote the whole state."""
+    views, model = densifying_scene()
+    engine = LocalEngine(model.detach(), 2, torch.zeros(3))
+    densifying_run(engine, views, range(0, 4))
+    checkpoint = tmp_path / "checkpoint.pt"
+    save(engine, checkpoint, 4)
+    for world, steps in ((3, range(4, 8)), (2, range(8, STEPS))):
+        mp.spawn(resume_rank, args=(world, str(tmp_path / f"init{world}"), str(checkpoint),
+                                    steps), nprocs=world)
+    assert sorted(p.name for p in tmp_path.glob("checkpoint.pt.*")) == [
+        f"checkpoint.pt.{STEPS:09d}.rank{r}-of-2" for r in range(2)], "older shards removed"
+    got, want = whole_state(whole_state_saved(checkpoint)), whole_state(single_process["state"])
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-14, msg=name)
 

@@ -22,7 +22,8 @@ One training step is, in this order (3DGS's order):
    parameter tensor replaced in step 2 has no gradient and is not stepped.
 
 ``state_dict``/``load_state_dict`` hold everything needed to continue the run
-bit for bit (parameters, Adam state, statistics, keys, densification count).
+bit for bit (parameters, Adam state, statistics, keys, densification count)
+for the engine's ``shard()`` of the Gaussians.
 Every method is called by every rank in the same order: with several ranks
 they are collective.
 
@@ -76,6 +77,10 @@ class Engine(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+    def shard(self) -> tuple[int, int]:
+        """(rank, world) of the part of the Gaussians this engine holds; (0, 1): all."""
+        ...
 
     def any_rank(self, flag: bool) -> bool:
         """Whether ``flag`` is set on any rank (so all ranks act on one rank's Ctrl-C)."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
+from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.engine import StepResult, TrainView
@@ -71,6 +74,9 @@ class LocalEngine:
         return rasterize(project(self.model, [camera]).of_camera(0), camera.width,
                          camera.height, background=self.background)
 
+    def shard(self) -> tuple[int, int]:
+        return 0, 1
+
     def any_rank(self, flag: bool) -> bool:
         return flag
 
@@ -96,3 +102,28 @@ class LocalEngine:
         self.stats = densify.DensifyStats(state["stats"]["grad_sum"].clone(),
                                           state["stats"]["count"].clone())
         self.densify_events = state["densify_events"]
+
+
+def _map_rows(state: dict, rows: Callable[[list[Tensor]], Tensor], others: list[dict]) -> dict:
+    """``state`` with every per-Gaussian tensor replaced by ``rows`` of it and of the
+    same tensor in ``others``; the rest (step counts, SH degree) taken from ``state``."""
+    def per_row(get: Callable[[dict], Tensor]) -> Tensor:
+        return rows([get(s) for s in [state, *others]])
+
+    optimizer = dict(state["optimizer"])
+    for kind in ("exp_avg", "exp_avg_sq"):
+        optimizer[kind] = {n: per_row(lambda s, n=n, kind=kind: s["optimizer"][kind][n])
+                           for n in state["optimizer"][kind]}
+    return dict(state, optimizer=optimizer, keys=per_row(lambda s: s["keys"]),
+                model={n: per_row(lambda s, n=n: s["model"][n]) for n in state["model"]},
+                stats={n: per_row(lambda s, n=n: s["stats"][n]) for n in state["stats"]})
+
+
+def state_rows(state: dict, rows: slice) -> dict:
+    """The part of an engine state (``LocalEngine.state_dict``) that holds Gaussians ``rows``."""
+    return _map_rows(state, lambda tensors: tensors[0][rows].clone(), [])
+
+
+def concat_states(states: list[dict]) -> dict:
+    """Engine states of consecutive parts of the Gaussians, as one."""
+    return _map_rows(states[0], torch.cat, states[1:])

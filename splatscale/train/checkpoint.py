@@ -1,4 +1,12 @@
-"""Checkpoints: everything needed to continue a run bit for bit, written atomically."""
+"""Checkpoints: everything needed to continue a run bit for bit, written atomically.
+
+A single process writes one file. Ranks each write their shard of the engine
+state to a file of their own (named by the images seen and the rank), then
+rank 0 writes ``checkpoint.pt``, naming the shards, last: a kill before that
+leaves the previous checkpoint and its shards whole. No rank holds the whole
+model to save or to resume, and a checkpoint resumes at any number of ranks:
+each reads the rows of its even share from whichever shards hold them.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +15,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from splatscale.atomic import atomic_path
+from splatscale.engine.distributed.engine import shard_rows
+from splatscale.engine.local import concat_states, state_rows
 from splatscale.errors import DataError
 
 FORMAT = 2  # 2: the trainer state holds the scene's fingerprint
@@ -17,17 +28,77 @@ KEYS = {"trainer": ("images_seen", "steps", "sh_degree", "train_seconds", "order
         "rng": ("torch", "numpy", "python")}
 
 
-def save_checkpoint(path: Path, trainer_state: dict, engine_state: dict) -> None:
-    state = {"format": FORMAT, "trainer": trainer_state, "engine": engine_state,
-             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
-                     "python": random.getstate()}}
+def _save(state: dict, path: Path) -> None:
     # Through a file object, a full disk is an OSError (a path gives torch's RuntimeError).
     with atomic_path(path) as tmp, open(tmp, "wb") as handle:
         torch.save(state, handle)
 
 
-def load_checkpoint(path: Path) -> tuple[dict, dict]:
-    """(trainer state, engine state); restores the global RNGs."""
+def save_checkpoint(path: Path, trainer_state: dict, engine_state: dict,
+                    shard: tuple[int, int] = (0, 1), writes: bool = True) -> None:
+    """Save; called by every rank, ``shard`` = (rank, world) of ``engine_state``'s part."""
+    rank, world = shard
+    if world > 1:
+        engine_state = _save_shard(path, engine_state, rank, world, trainer_state["images_seen"])
+    if writes:
+        _save({"format": FORMAT, "trainer": trainer_state, "engine": engine_state,
+               "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                       "python": random.getstate()}}, path)
+        for stale in set(path.parent.glob(f"{path.name}.*.rank*")) - {
+                path.parent / name for name in engine_state.get("shards", [])}:
+            stale.unlink(missing_ok=True)
+
+
+def _save_shard(path: Path, state: dict, rank: int, world: int, images: int) -> dict:
+    """Write this rank's part; return what the manifest says of all parts."""
+    name = f"{path.name}.{images:09d}.rank{rank}-of-{world}"
+    _save(state, path.parent / name)
+    counts = torch.zeros(world, dtype=torch.int64)
+    counts[rank] = len(state["keys"])
+    dist.all_reduce(counts)  # also a barrier: every shard is written after it
+    return {"shards": [f"{path.name}.{images:09d}.rank{r}-of-{world}" for r in range(world)],
+            "counts": counts.tolist()}
+
+
+def _read_share(path: Path, manifest: dict, rank: int, world: int) -> dict:
+    """Rows ``rank`` of ``world`` (an even split) read from the shards holding them."""
+    share = shard_rows(sum(manifest["counts"]), rank, world)
+    lo, hi = share.start, share.stop
+    parts, start = [], 0
+    for name, count in zip(manifest["shards"], manifest["counts"]):
+        if start < hi and start + count > lo:
+            try:
+                state = torch.load(path.parent / name, map_location="cpu", weights_only=False,
+                                   mmap=True)
+            except Exception as error:  # noqa: BLE001 - missing or torn: the user's to know
+                raise DataError(f"{path.parent / name}: a shard of {path} is unreadable "
+                                f"({type(error).__name__})") from None
+            parts.append(state_rows(state, slice(max(lo - start, 0), min(hi - start, count))))
+        start += count
+    return concat_states(parts)
+
+
+def load_trainer_state(path: Path) -> dict:
+    """The trainer's part alone (the run's settings and progress)."""
+    return _read_manifest(path)["trainer"]
+
+
+def load_checkpoint(path: Path, shard: tuple[int, int] = (0, 1)) -> tuple[dict, dict]:
+    """(trainer state, engine state of part ``shard`` = (rank, world)); restores the
+    global RNGs. Saved by any number of ranks, read by any number."""
+    state = _read_manifest(path)
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    engine, (rank, world) = state["engine"], shard
+    if "shards" in engine:
+        return state["trainer"], _read_share(path, engine, rank, world)
+    if world > 1:
+        engine = state_rows(engine, shard_rows(len(engine["keys"]), rank, world))
+    return state["trainer"], engine
+
+
+def _read_manifest(path: Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:  # garbage gives UnpicklingError, EOFError, RuntimeError...
@@ -40,7 +111,4 @@ def load_checkpoint(path: Path) -> tuple[dict, dict]:
     for part, keys in KEYS.items():
         if not isinstance(state.get(part), dict) or not all(k in state[part] for k in keys):
             raise DataError(f"{path}: not a splatscale checkpoint (its {part} state is incomplete)")
-    torch.set_rng_state(state["rng"]["torch"])
-    np.random.set_state(state["rng"]["numpy"])
-    random.setstate(state["rng"]["python"])
-    return state["trainer"], state["engine"]
+    return state

@@ -25,7 +25,7 @@ CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 # What a training run writes; their presence marks a folder as holding a run.
 RUN_FILES = ("config.json", METRICS, CHECKPOINT, "point_cloud.ply", "report.json")
-RUN_GLOBS = ("point_cloud_*.ply",)
+RUN_GLOBS = ("point_cloud_*.ply", CHECKPOINT + ".*.rank*")  # the models saved on the way, shards
 RUN_FOLDERS = ("renders",)
 
 

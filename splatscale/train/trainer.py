@@ -243,15 +243,19 @@ class Trainer:
                 "scene": self.scene_fingerprint, "eval_split": self.options.eval_split}
 
     def save_checkpoint(self) -> None:
-        """Write everything a resume needs; never a non-finite state."""
-        self._finite_model()
-        self._write(save_checkpoint, self.checkpoint_path, self.state_dict(),
-                    self.engine.state_dict())
+        """Write everything a resume needs (every rank its part); never a non-finite state."""
+        engine_state = self.engine.state_dict()
+        bad = any(not torch.isfinite(t).all() for t in engine_state["model"].values())
+        if self.engine.any_rank(bad):
+            self._diverged(f"Gaussians have NaN or infinite parameters after image "
+                           f"{self.images_seen}")
+        save_checkpoint(self.checkpoint_path, self.state_dict(), engine_state,
+                        self.engine.shard(), self.options.writes)
         self.checkpoint_images = self.images_seen
 
     def resume(self, path: Path) -> None:
         """Continue from the checkpoint at ``path``, which must be of this scene."""
-        state, engine_state = load_checkpoint(path)
+        state, engine_state = load_checkpoint(path, self.engine.shard())
         if state["scene"] != self.scene_fingerprint:
             raise DataError(f"{path}: a checkpoint of another scene (its cameras or images "
                             f"differ from those of {self.scene.source} at this resolution)")

@@ -189,27 +189,8 @@ class DistributedEngine(LocalEngine):
         dist.all_reduce(image)  # each row comes from one rank, zeros from the others
         return RenderOutput(image[..., :3], image[..., 3], image[..., 4], (0, camera.height))
 
-    def state_dict(self) -> dict:
-        """The whole run's state, as a single process holds it (gathered in rank order)."""
-        state = super().state_dict()
-        state["model"] = {n: gather_rows(t) for n, t in state["model"].items()}
-        state["keys"] = gather_rows(state["keys"])
-        for kind in ("exp_avg", "exp_avg_sq"):
-            state["optimizer"][kind] = {n: gather_rows(t)
-                                        for n, t in state["optimizer"][kind].items()}
-        state["stats"] = {n: gather_rows(t) for n, t in state["stats"].items()}
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        """Take this rank's even share of a whole state, saved at any world size."""
-        rows = shard_rows(len(state["keys"]), self.rank, self.world)
-        shard = dict(state, keys=state["keys"][rows],
-                     model={n: t[rows] for n, t in state["model"].items()},
-                     stats={n: t[rows] for n, t in state["stats"].items()})
-        shard["optimizer"] = dict(state["optimizer"], **{
-            kind: {n: t[rows] for n, t in state["optimizer"][kind].items()}
-            for kind in ("exp_avg", "exp_avg_sq")})
-        super().load_state_dict(shard)
+    def shard(self) -> tuple[int, int]:
+        return self.rank, self.world
 
 
 def _psnr(squared_error: float, count: int) -> float:
