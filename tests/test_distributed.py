@@ -16,14 +16,26 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch import Tensor
 
 from splatscale.engine.distributed import DistributedEngine, shard_of
-from splatscale.engine.distributed.engine import gather_rows
 from splatscale.engine.local import LocalEngine
 from splatscale.model.ply import read_ply
 from splatscale.train.checkpoint import KEYS, load_checkpoint, save_checkpoint
 from tests.conftest import TRAIN_STEPS as STEPS
 from tests.conftest import densifying_run, densifying_scene
+
+
+def gather_rows(tensor: Tensor) -> Tensor:
+    """Every rank's rows of ``tensor``, concatenated in rank order, on every rank."""
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([tensor.shape[0]]))
+    most = max(int(s) for s in sizes)
+    padded = tensor.new_zeros((most, *tensor.shape[1:]))
+    padded[:tensor.shape[0]] = tensor
+    parts = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([part[:int(size)] for part, size in zip(parts, sizes)])
 
 
 def by_key(keys, tensors: dict) -> dict:
@@ -70,6 +82,7 @@ def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
     results["losses"] = densifying_run(engine, views)
     results["shards"] = gather_rows(torch.tensor([len(engine.model)]))
     results["render"] = engine.render(views[1].camera)
+    results["parts"] = [part.means for part in engine.model_parts()]  # rank 0's view
     checkpoint = Path(out_file).with_name("checkpoint.pt")
     save(engine, checkpoint, STEPS)
     dist.barrier()
@@ -128,6 +141,8 @@ def test_ranks_equal_the_single_process(world, single_process, tmp_path):
     assert ranks["losses"] == pytest.approx(single_process["losses"], rel=1e-9)
     shards = ranks["shards"].tolist()
     assert max(shards) - min(shards) <= 1, f"rebalanced shards: {shards}"
+    assert torch.equal(torch.cat(ranks["parts"]), ranks["state"]["model"]["means"]), \
+        "rank 0 receives every shard, in rank order"
     for name in ("rgb", "alpha", "depth"):
         torch.testing.assert_close(getattr(ranks["render"], name),
                                    getattr(single_process["render"], name), rtol=1e-12, atol=0)

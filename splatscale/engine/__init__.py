@@ -10,7 +10,7 @@ that the Trainer never asks which engine it has:
 - The **engine** owns everything per Gaussian: the parameters, their
   gradients, the optimiser state and the densification statistics, wherever
   they live (one device; sharded over ranks; in host memory). It hands out a
-  full model only on request (``gather_model``), for evaluation and export.
+  model only part by part (``model_parts``), for export, never whole on one rank.
 
 One training step is, in this order (3DGS's order):
 
@@ -35,7 +35,7 @@ offload      GS-Scale: host store, culling, deferred CPU Adam, pipelining
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterator, Protocol
 
 from torch import Tensor
 
@@ -72,7 +72,14 @@ class Engine(Protocol):
 
     def num_gaussians(self) -> int: ...
 
-    def gather_model(self) -> GaussianModel: ...
+    def model_parts(self) -> Iterator[GaussianModel]:
+        """The whole model in consecutive parts, on the rank that writes (rank 0); the
+        other ranks send theirs while iterating and yield nothing."""
+        ...
+
+    def non_finite(self) -> int:
+        """How many Gaussians, over all ranks, have a NaN or infinite parameter."""
+        ...
 
     def state_dict(self) -> dict: ...
 

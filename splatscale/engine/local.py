@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -83,8 +83,11 @@ class LocalEngine:
     def num_gaussians(self) -> int:
         return len(self.model)
 
-    def gather_model(self) -> GaussianModel:
-        return self.model.detach()
+    def model_parts(self) -> Iterator[GaussianModel]:
+        yield self.model.detach()
+
+    def non_finite(self) -> int:
+        return len(self.model.non_finite_rows())
 
     def state_dict(self) -> dict:
         return {"model": {n: t.detach().clone() for n, t in self.model.parameters().items()},

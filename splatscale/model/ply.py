@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable
 
 import numpy as np
 import torch
-from plyfile import PlyData, PlyElement
+from plyfile import PlyData
 
 from splatscale.atomic import atomic_path
 from splatscale.errors import DataError
@@ -22,17 +23,34 @@ def ply_properties(sh_coefficients: int = SH_REST) -> list[str]:
 
 def write_ply(model: GaussianModel, path: str | Path) -> None:
     """Write ``model`` in the INRIA layout (f_rest channel-major, logit opacity, log scales)."""
+    write_ply_parts([model], len(model), path)
+
+
+def write_ply_parts(parts: Iterable[GaussianModel], count: int, path: str | Path) -> None:
+    """One PLY of ``count`` Gaussians from consecutive ``parts``, one part in memory at a
+    time (a distributed run streams its shards)."""
+    properties = ply_properties()
+    header = ("ply\nformat binary_little_endian 1.0\n"
+              f"element vertex {count}\n"
+              + "".join(f"property float {name}\n" for name in properties) + "end_header\n")
+    written = 0
+    with atomic_path(path) as tmp, open(tmp, "wb") as handle:
+        handle.write(header.encode("ascii"))
+        for part in parts:
+            handle.write(_records(part).tobytes())
+            written += len(part)
+        if written != count:
+            raise ValueError(f"write_ply_parts: {written} Gaussians written, {count} announced")
+
+
+def _records(model: GaussianModel) -> np.ndarray:
+    """The model's rows as little-endian float32 records of ``ply_properties()``."""
     n = len(model)
     p = {name: t.detach().cpu().to(torch.float32).numpy() for name, t in model.parameters().items()}
     columns = [p["means"], np.zeros((n, 3), np.float32), p["sh0"].reshape(n, 3),
                p["shN"].transpose(0, 2, 1).reshape(n, 3 * SH_REST),
                p["opacity_logits"][:, None], p["log_scales"], p["quats"]]
-    data = np.concatenate(columns, axis=1)
-    records = np.empty(n, dtype=[(name, "f4") for name in ply_properties()])
-    for i, name in enumerate(records.dtype.names):
-        records[name] = data[:, i]
-    with atomic_path(path) as tmp:
-        PlyData([PlyElement.describe(records, "vertex")]).write(str(tmp))
+    return np.ascontiguousarray(np.concatenate(columns, axis=1), dtype="<f4")
 
 
 def read_ply(path: str | Path, dtype: torch.dtype = torch.float32) -> GaussianModel:

@@ -25,7 +25,7 @@ from splatscale.errors import DataError, Interrupted, TrainingDiverged
 from splatscale.messages import notice
 from splatscale.model import GaussianModel, init_from_points
 from splatscale.model.init import random_points_in_view
-from splatscale.model.ply import write_ply
+from splatscale.model.ply import write_ply_parts
 from splatscale.train import metrics
 from splatscale.train.checkpoint import load_checkpoint, save_checkpoint
 from splatscale.train.config import TrainConfig
@@ -170,7 +170,7 @@ class Trainer:
         o, after = self.options, self.images_seen
         for mark in o.save_at:
             if before < mark <= after:
-                self._write(write_ply, self._finite_model(), o.output / f"point_cloud_{mark}.ply")
+                self._save_model(o.output / f"point_cloud_{mark}.ply")
         if o.eval_every and self.test_ids and crosses(before, after, o.eval_every):
             self._write(_append_jsonl, log_path, {"images": after, "test": self.evaluate()})
         if o.checkpoint_every and crosses(before, after, o.checkpoint_every):
@@ -191,7 +191,7 @@ class Trainer:
 
     def finish(self) -> dict:
         o = self.options
-        self._write(write_ply, self._finite_model(), o.output / "point_cloud.ply")
+        self._save_model(o.output / "point_cloud.ply")
         self.save_checkpoint()
         report = {
             "num_gaussians": self.engine.num_gaussians(),
@@ -227,14 +227,22 @@ class Trainer:
                 if self.checkpoint_images is not None else "no checkpoint was written")
         raise TrainingDiverged(f"training diverged: {what}; {kept}")
 
-    def _finite_model(self) -> GaussianModel:
-        """The full model, refused (a divergence) if any parameter is not finite."""
-        model = self.engine.gather_model()
-        bad = model.non_finite_rows()
-        if len(bad):
-            self._diverged(f"{len(bad)} Gaussians have NaN or infinite parameters after "
+    def _require_finite(self) -> None:
+        """A divergence if any parameter is NaN or infinite: never written."""
+        bad = self.engine.non_finite()
+        if bad:
+            self._diverged(f"{bad} Gaussians have NaN or infinite parameters after "
                            f"image {self.images_seen}")
-        return model
+
+    def _save_model(self, path: Path) -> None:
+        """``path`` as one PLY, streamed part by part by the writing rank."""
+        self._require_finite()
+        count, parts = self.engine.num_gaussians(), self.engine.model_parts()
+        if self.options.writes:
+            write_ply_parts(parts, count, path)
+        else:
+            for _ in parts:  # a rank's own part goes to the writer as this runs
+                pass
 
     def state_dict(self) -> dict:
         return {"images_seen": self.images_seen, "steps": self.steps, "sh_degree": self.sh_degree,
@@ -244,12 +252,8 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         """Write everything a resume needs (every rank its part); never a non-finite state."""
-        engine_state = self.engine.state_dict()
-        bad = any(not torch.isfinite(t).all() for t in engine_state["model"].values())
-        if self.engine.any_rank(bad):
-            self._diverged(f"Gaussians have NaN or infinite parameters after image "
-                           f"{self.images_seen}")
-        save_checkpoint(self.checkpoint_path, self.state_dict(), engine_state,
+        self._require_finite()
+        save_checkpoint(self.checkpoint_path, self.state_dict(), self.engine.state_dict(),
                         self.engine.shard(), self.options.writes)
         self.checkpoint_images = self.images_seen
 

@@ -20,6 +20,7 @@ One step, on every rank of the process group:
 from __future__ import annotations
 
 import math
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -50,18 +51,6 @@ def shard_of(model: GaussianModel, rank: int, world: int) -> GaussianModel:
     rows = shard_rows(len(model), rank, world)
     return GaussianModel(**{n: t.detach()[rows].clone() for n, t in model.parameters().items()},
                          sh_degree=model.sh_degree, keys=model.keys[rows].clone())
-
-
-def gather_rows(tensor: Tensor) -> Tensor:
-    """Every rank's rows of ``tensor``, concatenated in rank order, on every rank."""
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
-    dist.all_gather(sizes, torch.tensor([tensor.shape[0]]))
-    most = max(int(s) for s in sizes)
-    padded = tensor.new_zeros((most, *tensor.shape[1:]))
-    padded[:tensor.shape[0]] = tensor
-    parts = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(parts, padded)
-    return torch.cat([part[:int(size)] for part, size in zip(parts, sizes)])
 
 
 class DistributedEngine(LocalEngine):
@@ -166,11 +155,30 @@ class DistributedEngine(LocalEngine):
         dist.all_reduce(count)
         return int(count)
 
-    def gather_model(self) -> GaussianModel:
-        """The whole model, shards in rank order, on every rank."""
-        return GaussianModel(**{n: gather_rows(t.detach())
-                                for n, t in self.model.parameters().items()},
-                             sh_degree=self.model.sh_degree, keys=gather_rows(self.model.keys))
+    def model_parts(self) -> Iterator[GaussianModel]:
+        """Rank 0 yields the shards in rank order, each received when its turn comes."""
+        shard = self.model.detach()
+        if self.rank != 0:
+            rows = torch.cat([t.reshape(len(shard), -1) for t in shard.parameters().values()], 1)
+            dist.send(torch.tensor([len(shard)]), 0)
+            dist.send(rows.contiguous(), 0)
+            return
+        yield shard
+        widths = [t[0].numel() for t in shard.parameters().values()]
+        for source in range(1, self.world):
+            count = torch.zeros(1, dtype=torch.int64)
+            dist.recv(count, source)
+            rows = torch.empty(int(count), sum(widths), dtype=shard.means.dtype)
+            dist.recv(rows, source)
+            columns = rows.split(widths, dim=1)
+            yield GaussianModel(**{name: column.reshape(-1, *t.shape[1:]) for (name, t), column
+                                   in zip(shard.parameters().items(), columns)},
+                                sh_degree=shard.sh_degree)
+
+    def non_finite(self) -> int:
+        count = torch.tensor([super().non_finite()])
+        dist.all_reduce(count)
+        return int(count)
 
     @torch.no_grad()
     def render(self, camera: Camera) -> RenderOutput:
