@@ -103,10 +103,11 @@ class DistributedEngine(LocalEngine):
 
     def _band_loss(self, band: Band, view: TrainView, floats: Tensor,
                    ints: Tensor) -> tuple[Tensor, float]:
+        """The band's share of its image's loss, and its rows' summed squared error."""
         camera = view.camera
         y0, y1 = render_rows(band, camera)
-        out = rasterize(unpack(floats, ints, band.camera, camera), camera.width, camera.height, rows=(y0, y1),
-                        background=self.background)
+        out = rasterize(unpack(floats, ints, band.camera, camera), camera.width,
+                        camera.height, rows=(y0, y1), background=self.background)
         own = (band.rows[0] - y0, band.rows[1] - y0)
         target = view.target[y0:y1].to(out.rgb.dtype)
         loss = photometric_loss(out.rgb, target, self.ssim_weight, rows=own,
