@@ -40,9 +40,12 @@ def from_environment() -> Ranks | None:
 
 
 def join(ranks: Ranks) -> None:
+    """Join the group; returns when every rank has joined, so what each did before
+    (checking the output folder) is done before any rank goes on (writing to it)."""
     if not dist.is_initialized():
         dist.init_process_group("gloo", rank=ranks.rank, world_size=ranks.world,
                                 timeout=TIMEOUT)
+    dist.barrier()
 
 
 def threads_per_rank(local_world: int) -> int:
