@@ -117,15 +117,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     # Imported here, inside main's handlers: Ctrl-C while torch loads is a clean exit too.
-    import numba
-    import torch
-
     from splatscale import commands
 
-    threads = getattr(args, "threads", None)
-    if threads:
-        torch.set_num_threads(threads)
-        numba.set_num_threads(threads)
+    if getattr(args, "threads", None):
+        commands.use_threads(args.threads)
     return getattr(commands, args.command)(args) or 0
 
 

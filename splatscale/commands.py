@@ -107,9 +107,13 @@ def _train_rank(args: Namespace) -> int:
 def _share_cores(args: Namespace, ranks: group.Ranks | None) -> None:
     """Ranks on one machine split its cores, unless --threads says otherwise."""
     if ranks is not None and args.threads is None:
-        threads = group.threads_per_rank(ranks.local_world)
-        torch.set_num_threads(threads)
-        numba.set_num_threads(threads)
+        use_threads(group.threads_per_rank(ranks.local_world))
+
+
+def use_threads(threads: int) -> None:
+    """Compute threads for torch and the numba kernels alike."""
+    torch.set_num_threads(threads)
+    numba.set_num_threads(threads)
 
 
 def _train(args: Namespace, ranks: group.Ranks | None) -> None:

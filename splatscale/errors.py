@@ -35,21 +35,20 @@ class Interrupted(SplatscaleError):
 def run_reported(call: Callable[[], int | None]) -> int:
     """``call()``'s exit status, every failure turned into one line on stderr (printed
     by rank 0 alone when ranks run together: they all meet the same bad input)."""
-    say = notice
     try:
         return call() or 0
     except SplatscaleError as error:
-        say(f"error: {error}")
+        notice(f"error: {error}")
         return error.exit_code
     except OSError as error:  # the disk, permissions, a path that is a file: the environment
         where = f"{error.filename}: " if error.filename else ""
-        say(f"error: {where}{error.strerror or error}")
+        notice(f"error: {where}{error.strerror or error}")
         return 2
     except KeyboardInterrupt:
-        say("interrupted")
+        notice("interrupted")
         return 130
     except Exception:  # noqa: BLE001 - anything else is our bug: say so, keep the traceback
         traceback.print_exc()
-        say("internal error: this is a bug in splatscale, not in your input; "
+        notice("internal error: this is a bug in splatscale, not in your input; "
             "please report it with the traceback above")
         return 1
