@@ -39,6 +39,17 @@ def _integer(low: int, high: int | None = None):
     return parse
 
 
+def _positive_float(text: str) -> float:
+    """An argparse type: a finite number above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
+    return value
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=_integer(1, MAX_THREADS),
                         default=None, help="CPU threads (default: all)")
@@ -87,6 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--balance", choices=("cost", "uniform"), default="cost",
                        help="how ranks share a batch's pixel rows: equal estimated cost "
                             "(default) or equal row counts")
+    train.add_argument("--pixel-cost", type=_positive_float, default=None,
+                       help="fix what --balance cost equalises, A * pixels + B * tile "
+                            "intersections, at A (default 0.05 when only B is given); "
+                            "without either flag A and B are fitted to the ranks' "
+                            "measured times as the run goes")
+    train.add_argument("--intersection-cost", type=_positive_float, default=None,
+                       help="B, as --pixel-cost says (default 1 when only A is given)")
     _add_common(train)
 
     render = sub.add_parser("render", help="render a model's views to PNG")

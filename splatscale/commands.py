@@ -16,6 +16,7 @@ from splatscale.data import load_scene
 from splatscale.demo import demo_scene
 from splatscale.data.images import ImageStore, write_png
 from splatscale.engine.distributed import DistributedEngine, group, shard_of
+from splatscale.engine.distributed.cost_model import RowCost
 from splatscale.engine.local import LocalEngine
 from splatscale.errors import SplatscaleError, run_reported
 from splatscale.messages import muted, notice
@@ -125,7 +126,7 @@ def _train(args: Namespace, ranks: group.Ranks | None) -> None:
     make_engine = LocalEngine
     if ranks is not None:
         group.join(ranks)
-        make_engine = partial(_distributed_engine, ranks, args.balance)
+        make_engine = partial(_distributed_engine, ranks, args.balance, _fixed_cost(args))
     trainer = Trainer(scene, store, config, options, make_engine=make_engine)
     with folder.lock() if writes else nullcontext():
         if args.resume:
@@ -144,11 +145,20 @@ def _train(args: Namespace, ranks: group.Ranks | None) -> None:
         print(json.dumps(report))
 
 
-def _distributed_engine(ranks: group.Ranks, balance: str, model: GaussianModel,
-                        batch_size: int, background: torch.Tensor,
+def _fixed_cost(args: Namespace) -> RowCost | None:
+    """The row cost the flags fix, or None: fitted as the run goes."""
+    if args.pixel_cost is None and args.intersection_cost is None:
+        return None
+    default = RowCost()
+    return RowCost(args.pixel_cost or default.pixel,
+                   args.intersection_cost or default.intersection)
+
+
+def _distributed_engine(ranks: group.Ranks, balance: str, fixed_cost: RowCost | None,
+                        model: GaussianModel, batch_size: int, background: torch.Tensor,
                         ssim_weight: float) -> DistributedEngine:
     return DistributedEngine(shard_of(model, ranks.rank, ranks.world), batch_size, background,
-                             ssim_weight, balance)
+                             ssim_weight, balance, fixed_cost)
 
 
 def _split_ids(scene, split: str) -> list[int]:

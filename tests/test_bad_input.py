@@ -215,6 +215,9 @@ def test_bad_checkpoints_are_refused(output, capsys, content, fragment):
     (["--checkpoint-every", "-5"], "argument --checkpoint-every: must be at least 0"),
     (["--save-at", "0"], "argument --save-at: must be at least 1"),
     (["--resume", "--overwrite"], "--resume and --overwrite: choose one"),
+    (["--pixel-cost", "0"], "argument --pixel-cost: must be a finite number above 0, got 0"),
+    (["--intersection-cost", "inf"], "argument --intersection-cost: must be a finite number"),
+    (["--pixel-cost", "cheap"], "argument --pixel-cost: not a number: 'cheap'"),
 ])
 def test_bad_flags(output, capsys, flags, fragment):
     with pytest.raises(SystemExit) as exit_info:

@@ -6,7 +6,9 @@ One step, on every rank of the process group:
 1. project the rank's own shard into the batch's B cameras;
 2. histogram the splats' tile intersections per (camera, tile row); one
    ``all_reduce`` gives the whole workload, and every rank cuts the batch's
-   rows into the same W ranges of equal cost (``partition``);
+   rows into the same W ranges of equal cost (``partition``), the cost per
+   pixel and per intersection fitted to the ranks' measured times
+   (``cost_model``) unless fixed;
 3. send each splat to the ranks whose bands (plus SSIM's halo) it touches
    (``exchange``);
 4. render the own bands with their halo and take the loss of the own rows,
@@ -20,6 +22,7 @@ One step, on every rank of the process group:
 from __future__ import annotations
 
 import math
+import time
 from typing import Iterator
 
 import torch
@@ -29,8 +32,9 @@ from torch import Tensor
 from splatscale.data.cameras import Camera
 from splatscale.engine import StepResult, TrainView
 from splatscale.engine.distributed.exchange import (all_to_all, all_to_all_differentiable,
-                                                    exchange_counts, pack, render_rows, route,
-                                                    unpack)
+                                                    exchange_counts, pack, render_rows,
+                                                    rendered_workload, route, unpack)
+from splatscale.engine.distributed.cost_model import FittedRowCost, RowCost
 from splatscale.engine.distributed.partition import Band, partition, tile_row_work
 from splatscale.engine.local import LocalEngine
 from splatscale.model.gaussians import GaussianModel
@@ -57,9 +61,14 @@ class DistributedEngine(LocalEngine):
     """``LocalEngine`` over this rank's shard, with the forward pass shared by all ranks."""
 
     def __init__(self, shard: GaussianModel, batch_size: int, background: Tensor,
-                 ssim_weight: float = 0.2, balance: str = "cost") -> None:
+                 ssim_weight: float = 0.2, balance: str = "cost",
+                 fixed_cost: RowCost | None = None) -> None:
+        """``balance``: ``cost`` cuts rows of equal estimated cost, with ``fixed_cost``
+        or else with coefficients fitted as the run goes; ``uniform`` equal row counts."""
         super().__init__(shard, batch_size, background, ssim_weight)
         self.balance = balance
+        self.fixed_cost = fixed_cost
+        self.fitted_cost = FittedRowCost()
         self.max_imbalance = MAX_IMBALANCE
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.last_bands: list[list[Band]] = []
@@ -70,26 +79,46 @@ class DistributedEngine(LocalEngine):
         splats.means2d.retain_grad()
         work = tile_row_work(splats, cameras)
         dist.all_reduce(work)
-        self.last_bands = bands = partition(work, cameras, self.world, self.balance)
+        self.last_bands = bands = partition(work, cameras, self.world, self.row_cost())
         received, received_ints = self._exchange(splats, bands, cameras)
 
-        # Every rank's loss must reach the exchange, or its backward collective would hang.
-        loss = 0.0 * received.sum()
-        squared_errors = torch.zeros(len(batch), dtype=torch.float64)
-        for band in bands[self.rank]:
-            view = batch[band.camera]
-            band_loss, error = self._band_loss(band, view, received, received_ints)
-            loss = loss + band_loss
-            squared_errors[band.camera] += error
-        loss = loss / len(batch)
-        loss.backward()
+        began = time.perf_counter()
+        loss, squared_errors = self._own_loss(batch, bands[self.rank], received, received_ints)
+        # The own bands' backward first, timed: the rest waits for the other ranks.
+        received_grad, = torch.autograd.grad(loss, received)
+        seconds = time.perf_counter() - began
+        received.backward(received_grad)
         if track_stats:
             self._track(splats, batch)
-        totals = torch.cat([loss.detach().to(torch.float64)[None], squared_errors])
+        reports = torch.zeros(self.world, 3, dtype=torch.float64)
+        reports[self.rank] = torch.tensor([*rendered_workload(work, bands[self.rank], cameras),
+                                           seconds],
+                                          dtype=torch.float64)
+        totals = torch.cat([loss.detach().to(torch.float64)[None], squared_errors,
+                            reports.view(-1)])
         dist.all_reduce(totals)
+        self.fitted_cost.add(totals[1 + len(batch):].view(self.world, 3))
         psnrs = [_psnr(float(totals[1 + c]), 3 * v.camera.width * v.camera.height)
                  for c, v in enumerate(batch)]
         return StepResult(float(totals[0]), sum(psnrs) / len(psnrs))
+
+    def _own_loss(self, batch: list[TrainView], bands: list[Band], floats: Tensor,
+                  ints: Tensor) -> tuple[Tensor, Tensor]:
+        """This rank's share of the batch's loss, and its squared error per image."""
+        # Every rank's loss must reach the exchange, or its backward collective would hang.
+        loss = 0.0 * floats.sum()
+        squared_errors = torch.zeros(len(batch), dtype=torch.float64)
+        for band in bands:
+            band_loss, error = self._band_loss(band, batch[band.camera], floats, ints)
+            loss = loss + band_loss
+            squared_errors[band.camera] += error
+        return loss / len(batch), squared_errors
+
+    def row_cost(self) -> RowCost | None:
+        """The cost the partition equalises; None for equal row counts."""
+        if self.balance == "uniform":
+            return None
+        return self.fixed_cost or self.fitted_cost.current
 
     def _exchange(self, splats: Splats, bands: list[list[Band]],
                   cameras: list[Camera]) -> tuple[Tensor, Tensor]:
@@ -187,7 +216,7 @@ class DistributedEngine(LocalEngine):
         splats = project(self.model, [camera])
         work = tile_row_work(splats, [camera])
         dist.all_reduce(work)
-        bands = partition(work, [camera], self.world, self.balance)
+        bands = partition(work, [camera], self.world, self.row_cost())
         floats, ints = self._exchange(splats, bands, [camera])
         image = torch.zeros(camera.height, camera.width, 5, dtype=self.model.means.dtype)
         for band in bands[self.rank]:

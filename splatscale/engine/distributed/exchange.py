@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from splatscale.data.cameras import Camera
-from splatscale.engine.distributed.partition import Band
+from splatscale.engine.distributed.partition import Band, row_offsets, row_workload
 from splatscale.render import Splats
 from splatscale.step.ssim import RADIUS
 
@@ -50,20 +50,33 @@ def render_rows(band: Band, camera: Camera) -> tuple[int, int]:
     return max(0, band.rows[0] - HALO), min(camera.height, band.rows[1] + HALO)
 
 
+def rendered_workload(work: Tensor, bands: list[Band],
+                      cameras: list[Camera]) -> tuple[float, float]:
+    """Pixels and tile intersections a rank renders for ``bands``, halos included."""
+    pixels, intersections = row_workload(work, cameras)
+    starts = row_offsets(cameras)
+    rows = [torch.arange(*render_rows(band, cameras[band.camera])) + starts[band.camera]
+            for band in bands]
+    rows = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
+    return float(pixels[rows].sum()), float(intersections[rows].sum())
+
+
 def route(splats: Splats, bands: list[list[Band]],
           cameras: list[Camera]) -> tuple[Tensor, list[int]]:
     """(indices of the splats to send, grouped by destination rank; counts per rank)."""
     centre = splats.means2d.detach()[:, 1]
     radius = splats.radii[:, 1].to(centre.dtype)
+    offsets = splats.camera_offsets  # splats are camera-major: a band tests its camera's
     indices, counts = [], []
     for rank_bands in bands:
         chosen = []
         for band in rank_bands:
             y0, y1 = render_rows(band, cameras[band.camera])
+            lo, hi = offsets[band.camera], offsets[band.camera + 1]
             # Pixel centres y + 0.5 of rows [y0, y1) against the box [centre -+ radius].
-            hit = ((splats.camera_ids == band.camera) & (centre - radius <= y1 - 0.5)
-                   & (centre + radius >= y0 + 0.5))
-            chosen.append(hit.nonzero()[:, 0])
+            hit = ((centre[lo:hi] - radius[lo:hi] <= y1 - 0.5)
+                   & (centre[lo:hi] + radius[lo:hi] >= y0 + 0.5))
+            chosen.append(hit.nonzero()[:, 0] + lo)
         rows = torch.cat(chosen) if chosen else torch.zeros(0, dtype=torch.int64)
         indices.append(rows)
         counts.append(len(rows))

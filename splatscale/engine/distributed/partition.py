@@ -2,9 +2,9 @@
 
 The rows of the batch's images, concatenated in batch order, are cut into W
 ranges. A row's cost comes from this step's workload: ``a`` per pixel plus
-``b`` per tile intersection, the intersections of a tile row shared evenly by
-its pixel rows. Cuts fall on pixel rows, so a band may split a tile row. Every
-rank computes the same cut from the same all-reduced workload.
+``b`` per tile intersection (``cost_model``), the intersections of a tile row
+shared evenly by its pixel rows. Cuts fall on pixel rows, so a band may split a
+tile row. Every rank computes the same cut from the same all-reduced workload.
 """
 
 from __future__ import annotations
@@ -16,14 +16,10 @@ import torch
 from torch import Tensor
 
 from splatscale.data.cameras import Camera
+from splatscale.engine.distributed.cost_model import RowCost
 from splatscale.render import Splats
 from splatscale.render.binning import tile_boxes
 from splatscale.render.conventions import TILE_SIZE
-
-# Relative costs of a pixel (loss, SSIM, compositing set-up) and of a tile
-# intersection (one splat over one tile, forward and backward); from bench/render.py.
-PIXEL_COST = 0.05
-INTERSECTION_COST = 1.0
 
 
 @dataclass(frozen=True)
@@ -55,17 +51,30 @@ def tile_row_work(splats: Splats, cameras: Sequence[Camera]) -> Tensor:
     return steps.view(len(cameras), most + 1).cumsum(dim=1)[:, :most].contiguous()
 
 
-def row_costs(work: Tensor, cameras: Sequence[Camera], pixel_cost: float = PIXEL_COST,
-              intersection_cost: float = INTERSECTION_COST) -> Tensor:
-    """Cost of every pixel row of the batch, concatenated in batch order."""
-    costs = []
+def row_workload(work: Tensor, cameras: Sequence[Camera]) -> tuple[Tensor, Tensor]:
+    """Pixels and tile intersections of every pixel row of the batch, concatenated in
+    batch order (float64 [N] each)."""
+    pixels, intersections = [], []
     for c, camera in enumerate(cameras):
-        y = torch.arange(camera.height)
-        tile = y // TILE_SIZE
+        tile = torch.arange(camera.height) // TILE_SIZE
         rows_in_tile = torch.clamp_max(camera.height - tile * TILE_SIZE, TILE_SIZE)
-        share = work[c, tile] / rows_in_tile
-        costs.append(pixel_cost * camera.width + intersection_cost * share)
-    return torch.cat(costs)
+        intersections.append(work[c, tile] / rows_in_tile)
+        pixels.append(torch.full((camera.height,), float(camera.width), dtype=torch.float64))
+    return torch.cat(pixels), torch.cat(intersections)
+
+
+def row_costs(work: Tensor, cameras: Sequence[Camera], cost: RowCost = RowCost()) -> Tensor:
+    """Cost of every pixel row of the batch, concatenated in batch order."""
+    pixels, intersections = row_workload(work, cameras)
+    return cost.pixel * pixels + cost.intersection * intersections
+
+
+def row_offsets(cameras: Sequence[Camera]) -> list[int]:
+    """Where each image's rows start in the concatenated rows, and where they end."""
+    starts = [0]
+    for camera in cameras:
+        starts.append(starts[-1] + camera.height)
+    return starts
 
 
 def cut(costs: Tensor, world: int) -> list[int]:
@@ -78,9 +87,7 @@ def cut(costs: Tensor, world: int) -> list[int]:
 
 def bands_per_rank(boundaries: list[int], cameras: Sequence[Camera]) -> list[list[Band]]:
     """The cut's ranges as bands of images: at most one band per image per rank."""
-    starts = [0]
-    for camera in cameras:
-        starts.append(starts[-1] + camera.height)
+    starts = row_offsets(cameras)
     bands = []
     for lo, hi in zip(boundaries[:-1], boundaries[1:]):
         bands.append([Band(c, (max(lo, start) - start, min(hi, end) - start))
@@ -90,10 +97,10 @@ def bands_per_rank(boundaries: list[int], cameras: Sequence[Camera]) -> list[lis
 
 
 def partition(work: Tensor, cameras: Sequence[Camera], world: int,
-              balance: str = "cost") -> list[list[Band]]:
-    """Bands of every rank: rows of equal cost (``cost``) or equal count (``uniform``)."""
-    if balance == "uniform":
+              cost: RowCost | None = RowCost()) -> list[list[Band]]:
+    """Bands of every rank: rows of equal ``cost``, or of equal count when it is None."""
+    if cost is None:
         costs = torch.ones(sum(c.height for c in cameras), dtype=torch.float64)
     else:
-        costs = row_costs(work, cameras)
+        costs = row_costs(work, cameras, cost)
     return bands_per_rank(cut(costs, world), cameras)
