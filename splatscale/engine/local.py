@@ -10,7 +10,7 @@ from torch import Tensor
 from splatscale.data.cameras import Camera
 from splatscale.engine import StepResult, TrainView
 from splatscale.model.gaussians import GaussianModel
-from splatscale.render import RenderOutput, project, rasterize
+from splatscale.render import RenderOutput, Splats, project, rasterize
 from splatscale.step import densify
 from splatscale.step.loss import photometric_loss, psnr
 from splatscale.step.optimizer import GaussianAdam
@@ -28,8 +28,15 @@ class LocalEngine:
         self.densify_events = 0
 
     def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
-        cameras = [view.camera for view in batch]
-        splats = project(self.model, cameras)
+        splats, result = self._loss_backward(self.model, batch)
+        if track_stats:
+            self._track(splats, batch, splats.gaussian_ids)
+        return result
+
+    def _loss_backward(self, model: GaussianModel,
+                       batch: list[TrainView]) -> tuple[Splats, StepResult]:
+        """Render ``batch`` from ``model``, its loss averaged over the views, backward."""
+        splats = project(model, [view.camera for view in batch])
         splats.means2d.retain_grad()
         loss, psnrs = 0.0, []
         for i, view in enumerate(batch):
@@ -39,18 +46,18 @@ class LocalEngine:
             psnrs.append(psnr(out.rgb.detach(), view.target))
         loss = loss / len(batch)
         loss.backward()
-        if track_stats:
-            self._track(splats, batch)
-        return StepResult(loss.item(), sum(psnrs) / len(psnrs))
+        return splats, StepResult(loss.item(), sum(psnrs) / len(psnrs))
 
-    def _track(self, splats, batch: list[TrainView]) -> None:
+    def _track(self, splats: Splats, batch: list[TrainView], rows: Tensor) -> None:
+        """Add the views' view-space gradient norms to the statistics of ``rows`` (the
+        model rows of the splats)."""
         if splats.means2d.grad is None:  # nothing was visible
             return
         for i, view in enumerate(batch):
             lo, hi = splats.camera_offsets[i], splats.camera_offsets[i + 1]
             norms = densify.view_space_grad_norms(splats.means2d.grad[lo:hi], view.camera.width,
                                                   view.camera.height, len(batch))
-            self.stats.add(splats.gaussian_ids[lo:hi], norms)
+            self.stats.add(rows[lo:hi], norms)
 
     def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
                           min_opacity: float, prune_large: bool) -> None:

@@ -89,7 +89,7 @@ class DistributedEngine(LocalEngine):
         seconds = time.perf_counter() - began
         received.backward(received_grad)
         if track_stats:
-            self._track(splats, batch)
+            self._track(splats, batch, splats.gaussian_ids)
         reports = torch.zeros(self.world, 3, dtype=torch.float64)
         reports[self.rank] = torch.tensor([*rendered_workload(work, bands[self.rank], cameras),
                                            seconds],

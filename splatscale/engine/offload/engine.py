@@ -1,0 +1,192 @@
+"""OffloadEngine (GS-Scale): every Gaussian and all optimiser state in host memory.
+
+The device keeps 44 bytes per Gaussian (``DeviceGeometry``) and one step's
+working set. One step:
+
+1. cull on the device: the Gaussians the batch may see, from the lagging
+   geometry and how far each row can have drifted since it was written
+   (``culling.candidates``);
+2. the candidates' current values, as dense Adam has them now (``DeferredAdam``
+   replays the steps a row missed, and the in-flight update is forwarded);
+   their geometry and opacity go to the device for ``project``'s exact test;
+3. the rest of the visible rows' parameters go to the device; render, loss,
+   backward there, as ``LocalEngine`` does on its model;
+4. the gradients come back; the host Adam updates the visible rows and the
+   rows about to fall ``MAX_SKIPPED_STEPS`` behind, in a worker thread while the
+   device starts the next step (``pipeline``), or at once without forwarding.
+
+The master model and ``GaussianAdam`` state are ``LocalEngine``'s, so
+densification, the opacity reset, checkpoints and export are its code, run
+after every row has caught up; a checkpoint moves freely between the engines.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from splatscale.data.cameras import Camera
+from splatscale.engine import StepResult, TrainView
+from splatscale.engine.local import LocalEngine
+from splatscale.engine.offload.culling import DeviceGeometry, candidates
+from splatscale.engine.offload.host_adam import Advanced, DeferredAdam
+from splatscale.engine.offload.pipeline import Update, UpdatePipeline
+from splatscale.model.gaussians import GaussianModel
+from splatscale.render import RenderOutput
+from splatscale.render.projection import visible_gaussians
+
+GEOMETRY = ("means", "log_scales", "quats")
+EXACT_TEST = (*GEOMETRY, "opacity_logits")  # what project's visibility test reads
+
+
+class OffloadEngine(LocalEngine):
+    def __init__(self, model: GaussianModel, batch_size: int, background: Tensor,
+                 ssim_weight: float = 0.2, device: str = "cpu",
+                 forwarding: bool = True) -> None:
+        super().__init__(model, batch_size, background, ssim_weight)
+        self.device = torch.device(device)
+        self.pipeline = UpdatePipeline(forwarding)
+        self.host_adam = DeferredAdam(self.optimizer, len(self.model))
+        self.geometry = self._device_geometry()
+        self.pending: Update | None = None  # this step's gradients, until optimizer_step
+        self.graded: dict[str, Tensor] = {}  # the master tensors the gradients belong to
+        self.moved_to_device = 0  # bytes of the last step, host to device
+
+    def _device_geometry(self) -> DeviceGeometry:
+        """The device's copy of the master geometry; every row current."""
+        return DeviceGeometry(
+            *(getattr(self.model, n).detach().to(self.device, copy=True) for n in GEOMETRY),
+            torch.full((len(self.model),), self.host_adam.step_count, dtype=torch.int32,
+                       device=self.device))
+
+    # -- one step ----------------------------------------------------------------------
+
+    def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
+        cameras = [view.camera for view in batch]
+        rows, working = self._working_set(cameras)
+        splats, result = self._loss_backward(working, batch)
+        if track_stats:
+            self._track(splats, batch, rows[splats.gaussian_ids.cpu()])
+        self.pending = Update(rows, {n: (p.grad if p.grad is not None else torch.zeros_like(p))
+                                     .cpu() for n, p in working.parameters().items()})
+        self.graded = self.model.parameters()
+        return result
+
+    def _working_set(self, cameras: list[Camera]) -> tuple[Tensor, GaussianModel]:
+        """The visible rows and, on the device, their current values (with gradient)."""
+        geometry = self.geometry
+        since = geometry.updated_at.cpu().to(torch.int64)
+        maybe = candidates(geometry.means, geometry.log_scales,
+                           self.host_adam.reach("means", since).to(self.device),
+                           self.host_adam.reach("log_scales", since).to(self.device), cameras)
+        rows = maybe.nonzero()[:, 0].cpu()
+        values = self._current(rows)
+        tested = {n: values[n].to(self.device) for n in EXACT_TEST}
+        seen = visible_gaussians(self._model({**values, **tested}, rows), cameras)
+        kept = seen.nonzero()[:, 0]
+        on_device = {n: tested[n][kept] if n in tested else values[n][kept.cpu()].to(self.device)
+                     for n in values}
+        rows = rows[kept.cpu()]
+        self.moved_to_device = (sum(tested[n].nbytes for n in tested)
+                                + sum(on_device[n].nbytes for n in on_device if n not in tested))
+        return rows, self._model(on_device, rows).requires_grad_(True)
+
+    def _model(self, values: dict[str, Tensor], rows: Tensor) -> GaussianModel:
+        return GaussianModel(**values, sh_degree=self.model.sh_degree,
+                             keys=self.model.keys[rows].to(self.device))
+
+    def _current(self, rows: Tensor) -> dict[str, Tensor]:
+        """``rows`` as dense training has them now, the master arrays untouched."""
+        params = self.model.parameters()
+        return self.host_adam.advance(rows, self.pipeline.gradients_for(rows, params)).params
+
+    def optimizer_step(self, learning_rates: dict[str, float]) -> None:
+        self._settle()
+        update, self.pending = self.pending, None
+        # A group whose tensor densification or the opacity reset replaced since the
+        # gradients were taken is not stepped, as on one device.
+        stepped = {n for n, t in self.model.parameters().items()
+                   if update is not None and self.graded.get(n) is t}
+        self.host_adam.log_step(learning_rates, stepped)
+        if update is None:
+            return
+        self.pipeline.submit(self._with_overdue(update), self.host_adam.advance, self._write)
+
+    def _with_overdue(self, update: Update) -> Update:
+        """``update`` and the rows that must not fall further behind (zero gradient)."""
+        rows = torch.cat([update.rows, self.host_adam.overdue()]).unique()
+        position = torch.searchsorted(rows, update.rows)
+        grads = {}
+        for name, grad in update.grads.items():
+            grads[name] = torch.zeros((len(rows), *grad.shape[1:]), dtype=grad.dtype)
+            grads[name][position] = grad
+        return Update(rows, grads)
+
+    def _write(self, advanced: Advanced) -> None:
+        """Store advanced rows on the host, and their geometry on the device."""
+        self.host_adam.write(advanced)
+        rows = advanced.rows.to(self.device)
+        for name in GEOMETRY:
+            getattr(self.geometry, name).index_copy_(0, rows,
+                                                     advanced.params[name].to(self.device))
+        self.geometry.updated_at[rows] = self.host_adam.step_count
+
+    def _settle(self) -> None:
+        advanced = self.pipeline.settle()
+        if advanced is not None:
+            self._write(advanced)
+
+    def _catch_up(self) -> None:
+        """Every row current in the master arrays (and the device geometry)."""
+        self._settle()
+        behind = (self.host_adam.updated_at < self.host_adam.step_count).nonzero()[:, 0]
+        if len(behind):
+            self._write(self.host_adam.advance(behind))
+
+    # -- the rest of the contract: LocalEngine's, on caught-up rows ---------------------
+
+    def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
+                          min_opacity: float, prune_large: bool) -> None:
+        self._catch_up()
+        super().densify_and_prune(grad_threshold, percent_dense, extent, min_opacity,
+                                  prune_large)
+        self.host_adam.resized(len(self.model))
+        self.geometry = self._device_geometry()
+        self.pending = None  # its rows are gone; no group is stepped this step
+
+    def reset_opacity(self) -> None:
+        self._catch_up()
+        super().reset_opacity()
+
+    def render(self, camera: Camera) -> RenderOutput:
+        self._catch_up()
+        return super().render(camera)
+
+    def model_parts(self) -> Iterator[GaussianModel]:
+        self._catch_up()
+        return super().model_parts()
+
+    def non_finite(self) -> int:
+        self._catch_up()
+        return super().non_finite()
+
+    def state_dict(self) -> dict:
+        self._catch_up()
+        return super().state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._settle()
+        super().load_state_dict(state)
+        self.host_adam = DeferredAdam(self.optimizer, len(self.model))
+        self.geometry = self._device_geometry()
+
+    def memory_per_gaussian(self) -> dict[str, int]:
+        """Persistent bytes per Gaussian: on the device, and in host memory."""
+        host = sum(t[0].nbytes for t in (*self.model.parameters().values(),
+                                          *self.optimizer.exp_avg.values(),
+                                          *self.optimizer.exp_avg_sq.values(),
+                                          self.model.keys, self.host_adam.updated_at,
+                                          self.stats.grad_sum, self.stats.count))
+        return {"device": self.geometry.nbytes_per_gaussian(), "host": host}

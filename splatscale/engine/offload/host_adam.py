@@ -1,0 +1,180 @@
+"""Adam in host memory that touches a row only when the row is needed.
+
+Dense Adam (``step/optimizer.py``) moves every row every step: a row with no
+gradient still decays its moments and moves by its momentum. Here a row that
+a step did not see is left alone and remembers the step it is current at
+(``updated_at``); when it is next needed it replays the steps it missed, one
+by one with each step's own learning rate and bias correction, in registers
+(one read and one write of the row, whatever the number of steps). These are
+dense Adam's operations on zero gradients, eps included, in the same
+precision and order: no closed form approximates anything, and the replay
+differs from dense Adam only where torch's vectorised kernels round
+differently (fused multiply-adds).
+
+The numba kernel is pure: it reads the master arrays and writes the advanced
+rows elsewhere, so the parameter-forwarding pipeline can compute a row's next
+values while a worker thread computes the same rows for the master copy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numba
+import numpy as np
+import torch
+from numba import prange
+from torch import Tensor
+
+from splatscale.step.optimizer import GaussianAdam
+
+# A row is caught up when it would otherwise fall this many steps behind.
+MAX_SKIPPED_STEPS = 15
+# |m| / sqrt(v) of any gradient sequence is at most
+# (1 - b1) / sqrt(1 - b2) / sqrt(1 - b1^2 / b2) (Cauchy-Schwarz on the two sums).
+_SAFETY = 1.001  # float32 moments round; the bound must still hold
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def _advance(param, m, v, rows, since, grad, until, stepped, scale, root_bias2, constants,
+             out_param, out_m, out_v):  # pragma: no cover - compiled
+    # In the arrays' precision, with torch's order of operations, so that a row
+    # advanced here rounds as GaussianAdam.step rounds it.
+    one_minus_beta1, beta2, one_minus_beta2, eps, zero = constants
+    for i in prange(rows.shape[0]):
+        r = rows[i]
+        for c in range(param.shape[1]):
+            p, mm, vv = param[r, c], m[r, c], v[r, c]
+            for s in range(since[i] + 1, until + 1):
+                if not stepped[s]:
+                    continue
+                g = grad[i, c] if s == until else zero
+                mm = mm + one_minus_beta1 * (g - mm)
+                vv = vv * beta2 + one_minus_beta2 * g * g
+                denom = np.sqrt(vv) / root_bias2[s] + eps
+                p = p + scale[s] * mm / denom
+            out_param[i, c], out_m[i, c], out_v[i, c] = p, mm, vv
+
+
+@dataclass
+class StepLog:
+    """What each global step did to one parameter group (index 0: before any step)."""
+
+    stepped: list[bool] = field(default_factory=lambda: [False])
+    lr: list[float] = field(default_factory=lambda: [0.0])
+    bias1: list[float] = field(default_factory=lambda: [1.0])
+    bias2: list[float] = field(default_factory=lambda: [1.0])
+    # Sum over steps of the largest move a step can make per coordinate.
+    reach: list[float] = field(default_factory=lambda: [0.0])
+    _arrays: tuple | None = None
+
+    def arrays(self, dtype: np.dtype) -> tuple[np.ndarray, ...]:
+        """The kernel's tables in ``dtype`` (stepped, -lr / bias1, sqrt(bias2)), made
+        again only after a step."""
+        if self._arrays is None or len(self._arrays[0]) != len(self.stepped):
+            self._arrays = (np.array(self.stepped),
+                            -np.array(self.lr) / np.array(self.bias1),
+                            np.sqrt(np.array(self.bias2)),
+                            torch.tensor(self.reach, dtype=torch.float64))
+        stepped, scale, root_bias2, _ = self._arrays
+        return stepped, scale.astype(dtype), root_bias2.astype(dtype)
+
+    def reach_table(self) -> Tensor:
+        self.arrays(np.float64)
+        return self._arrays[3]
+
+
+@dataclass
+class Advanced:
+    """Rows of every parameter group and their moments after advancing."""
+
+    rows: Tensor
+    params: dict[str, Tensor]
+    exp_avg: dict[str, Tensor]
+    exp_avg_sq: dict[str, Tensor]
+
+
+class DeferredAdam:
+    """The host half of the offload engine's optimiser: ``GaussianAdam``'s state
+    (shared, so densification edits it as it does on one device), each row's
+    ``updated_at`` global step, and a log of every step's hyperparameters."""
+
+    def __init__(self, adam: GaussianAdam, rows: int) -> None:
+        self.adam = adam
+        self.step_count = 0
+        self.updated_at = torch.zeros(rows, dtype=torch.int64)
+        self.logs = {name: StepLog() for name in adam.params}
+        hyper = adam.hyper(1.0)
+        self.ratio_bound = _SAFETY * (1 - hyper.beta1) / math.sqrt(
+            (1 - hyper.beta2) * (1 - hyper.beta1 ** 2 / hyper.beta2))
+
+    def log_step(self, learning_rates: dict[str, float], stepped: set[str]) -> None:
+        """Count a global step; groups in ``stepped`` take an Adam step in it."""
+        self.step_count += 1
+        for name, log in self.logs.items():
+            h = self.adam.hyper(learning_rates[name])
+            took = name in stepped
+            if took:
+                self.adam.steps[name] += 1
+            t = self.adam.steps[name]
+            bias1, bias2 = 1 - h.beta1 ** t, 1 - h.beta2 ** t
+            log.stepped.append(took)
+            log.lr.append(h.lr)
+            log.bias1.append(bias1 if took else 1.0)
+            log.bias2.append(bias2 if took else 1.0)
+            move = h.lr * math.sqrt(bias2) / bias1 * self.ratio_bound if took else 0.0
+            log.reach.append(log.reach[-1] + move)
+
+    def reach(self, name: str, since: Tensor) -> Tensor:
+        """How far any coordinate of group ``name`` can have moved since steps ``since``."""
+        table = self.logs[name].reach_table()
+        return table[-1] - table[since]
+
+    def advance(self, rows: Tensor, grads: dict[str, Tensor] | None = None) -> Advanced:
+        """Rows ``rows`` as dense Adam has them after the latest logged step, whose
+        gradient (absent: zero) is ``grads``; the master arrays are only read."""
+        since = self.updated_at[rows].numpy()
+        out = Advanced(rows, {}, {}, {})
+        for name, param in self.adam.params.items():
+            width = param[0].numel()
+            flat = param.detach().reshape(len(param), width)
+            grad = (grads[name].reshape(len(rows), width) if grads is not None
+                    else torch.zeros(len(rows), width, dtype=param.dtype))
+            new = [torch.empty(len(rows), width, dtype=param.dtype) for _ in range(3)]
+            dtype = flat.numpy().dtype
+            _advance(flat.numpy(), self.adam.exp_avg[name].reshape(len(param), width).numpy(),
+                     self.adam.exp_avg_sq[name].reshape(len(param), width).numpy(),
+                     rows.numpy(), since, grad.detach().contiguous().numpy(), self.step_count,
+                     *self.logs[name].arrays(dtype), self._constants(dtype),
+                     *(t.numpy() for t in new))
+            shape = (len(rows), *param.shape[1:])
+            out.params[name], out.exp_avg[name], out.exp_avg_sq[name] = (
+                t.view(shape) for t in new)
+        return out
+
+    def _constants(self, dtype: np.dtype) -> np.ndarray:
+        h = self.adam.hyper(1.0)
+        return np.array([1 - h.beta1, h.beta2, 1 - h.beta2, h.eps, 0.0], dtype=dtype)
+
+    @torch.no_grad()
+    def write(self, advanced: Advanced) -> None:
+        """Store advanced rows in the master arrays: they are current now."""
+        for name, param in self.adam.params.items():
+            param.index_copy_(0, advanced.rows, advanced.params[name])
+            self.adam.exp_avg[name].index_copy_(0, advanced.rows, advanced.exp_avg[name])
+            self.adam.exp_avg_sq[name].index_copy_(0, advanced.rows, advanced.exp_avg_sq[name])
+        self.updated_at[advanced.rows] = self.step_count
+
+    def overdue(self) -> Tensor:
+        """Rows that would fall more than ``MAX_SKIPPED_STEPS`` behind at the next step."""
+        return (self.updated_at <= self.step_count - MAX_SKIPPED_STEPS).nonzero()[:, 0]
+
+    def catch_up_all(self) -> None:
+        behind = (self.updated_at < self.step_count).nonzero()[:, 0]
+        if len(behind):
+            self.write(self.advance(behind))
+
+    def resized(self, rows: int) -> None:
+        """After densification (every row caught up first): all rows current."""
+        self.updated_at = torch.full((rows,), self.step_count, dtype=torch.int64)
