@@ -95,6 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nproc", type=_integer(1), default=1,
                        help="train with N local ranks (Grendel), each with cores/N threads; "
                             "or start the command under torchrun")
+    train.add_argument("--offload", action="store_true",
+                       help="keep the Gaussians and optimiser state in host memory, the "
+                            "device holding 44 bytes per Gaussian and each step's visible "
+                            "ones (GS-Scale); with --nproc, each rank offloads its shard")
+    train.add_argument("--no-forwarding", dest="forwarding", action="store_false",
+                       help="with --offload: run the host update after each step instead "
+                            "of beside the next one (the same results, slower)")
     train.add_argument("--balance", choices=("cost", "uniform"), default="cost",
                        help="how ranks share a batch's pixel rows: equal estimated cost "
                             "(default) or equal row counts")

@@ -18,6 +18,8 @@ from splatscale.data.images import ImageStore, write_png
 from splatscale.engine.distributed import DistributedEngine, group, shard_of
 from splatscale.engine.distributed.cost_model import RowCost
 from splatscale.engine.local import LocalEngine
+from splatscale.engine.offload import OffloadEngine
+from splatscale.engine.offload.sharded import OffloadedShardEngine
 from splatscale.errors import SplatscaleError, run_reported
 from splatscale.messages import muted, notice
 from splatscale.model.gaussians import GaussianModel
@@ -27,7 +29,7 @@ from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
 from splatscale.train.metrics import ImageMetrics
 from splatscale.train.run_folder import RunFolder
-from splatscale.train.trainer import RunOptions, Trainer
+from splatscale.train.trainer import EngineFactory, RunOptions, Trainer
 
 
 def _scene(args: Namespace):
@@ -91,6 +93,8 @@ def train(args: Namespace) -> None:
 
 
 def _checked_inputs(args: Namespace) -> tuple[RunFolder, TrainConfig, object, ImageStore]:
+    if not args.forwarding and not args.offload:
+        raise SplatscaleError("--no-forwarding: only with --offload")
     folder = RunFolder(args.output)
     folder.check(args.resume, args.overwrite)
     config = _resumed_config(args, folder.checkpoint) if args.resume else _new_config(args)
@@ -123,10 +127,10 @@ def _train(args: Namespace, ranks: group.Ranks | None) -> None:
     options = RunOptions(args.output, args.eval, args.eval_every, list(args.save_at),
                          args.checkpoint_every, progress=writes and not args.quiet,
                          writes=writes)
-    make_engine = LocalEngine
+    make_engine = _single_engine(args)
     if ranks is not None:
         group.join(ranks)
-        make_engine = partial(_distributed_engine, ranks, args.balance, _fixed_cost(args))
+        make_engine = partial(_distributed_engine, ranks, args)
     trainer = Trainer(scene, store, config, options, make_engine=make_engine)
     with folder.lock() if writes else nullcontext():
         if args.resume:
@@ -154,11 +158,20 @@ def _fixed_cost(args: Namespace) -> RowCost | None:
                    args.intersection_cost or default.intersection)
 
 
-def _distributed_engine(ranks: group.Ranks, balance: str, fixed_cost: RowCost | None,
-                        model: GaussianModel, batch_size: int, background: torch.Tensor,
+def _single_engine(args: Namespace) -> EngineFactory:
+    if args.offload:
+        return partial(OffloadEngine, device=args.device, forwarding=args.forwarding)
+    return LocalEngine
+
+
+def _distributed_engine(ranks: group.Ranks, args: Namespace, model: GaussianModel,
+                        batch_size: int, background: torch.Tensor,
                         ssim_weight: float) -> DistributedEngine:
-    return DistributedEngine(shard_of(model, ranks.rank, ranks.world), batch_size, background,
-                             ssim_weight, balance, fixed_cost)
+    """This rank's engine over its shard, which it offloads with --offload."""
+    storage = (dict(device=args.device, forwarding=args.forwarding) if args.offload else {})
+    engine = OffloadedShardEngine if args.offload else DistributedEngine
+    return engine(shard_of(model, ranks.rank, ranks.world), batch_size, background, ssim_weight,
+                  args.balance, _fixed_cost(args), **storage)
 
 
 def _split_ids(scene, split: str) -> list[int]:

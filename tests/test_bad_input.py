@@ -218,6 +218,7 @@ def test_bad_checkpoints_are_refused(output, capsys, content, fragment):
     (["--pixel-cost", "0"], "argument --pixel-cost: must be a finite number above 0, got 0"),
     (["--intersection-cost", "inf"], "argument --intersection-cost: must be a finite number"),
     (["--pixel-cost", "cheap"], "argument --pixel-cost: not a number: 'cheap'"),
+    (["--no-forwarding"], "--no-forwarding: only with --offload"),
 ])
 def test_bad_flags(output, capsys, flags, fragment):
     with pytest.raises(SystemExit) as exit_info:

@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import math
 
+import numba
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from splatscale.engine import TrainView
-from splatscale.engine.local import LocalEngine
+from splatscale.engine.distributed import shard_of
+from splatscale.engine.local import LocalEngine, concat_states
 from splatscale.engine.offload import OffloadEngine
+from splatscale.engine.offload.sharded import OffloadedShardEngine
 from splatscale.engine.offload.culling import candidates
 from splatscale.engine.offload.host_adam import MAX_SKIPPED_STEPS, DeferredAdam
 from splatscale.model.gaussians import GaussianModel
@@ -207,3 +212,32 @@ def test_the_device_keeps_44_bytes_per_gaussian():
     memory = engine.memory_per_gaussian()
     assert memory["device"] == 44  # means, log-scales, quaternions, the step written
     assert memory["host"] == 59 * 4 * 3 + 8 + 8 + 8  # params, Adam moments, key, step, stats
+
+
+SHARDED_STEPS = 32  # both densifications and the opacity reset
+
+
+def offloaded_rank(rank: int, world: int, init_file: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    views, model = offload_scene()
+    engine = OffloadedShardEngine(shard_of(model, rank, world), 2,
+                                  torch.zeros(3, dtype=torch.float64), forwarding=rank == 0)
+    engine.max_imbalance = 1.0  # rebalance after every densification
+    losses, touched = train(engine, views, 2, range(SHARDED_STEPS))
+    torch.save((losses, touched, engine.state_dict()), f"{out}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_ranks_that_offload_their_shards_equal_one_device(tmp_path):
+    views, model = offload_scene()
+    local = LocalEngine(model.detach(), 2, torch.zeros(3, dtype=torch.float64))
+    expected_losses, _ = train(local, views, 2, range(SHARDED_STEPS))
+    out = tmp_path / "state"
+    mp.spawn(offloaded_rank, args=(2, str(tmp_path / "init"), str(out)), nprocs=2)
+    ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
+    np.testing.assert_allclose(ranks[0][0], expected_losses, rtol=1e-9)
+    assert np.mean(ranks[0][1]) < 0.9  # rows were deferred on the ranks too
+    assert_same_sets(concat_states([state for _, _, state in ranks]), local.state_dict(), 1e-9)

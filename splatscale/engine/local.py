@@ -28,10 +28,28 @@ class LocalEngine:
         self.densify_events = 0
 
     def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
-        splats, result = self._loss_backward(self.model, batch)
+        rows, working = self._working_set([view.camera for view in batch])
+        splats, result = self._loss_backward(working, batch)
         if track_stats:
-            self._track(splats, batch, splats.gaussian_ids)
+            self._track(splats, batch, rows[splats.gaussian_ids])
+        self._gradients_taken(rows, working)
         return result
+
+    # Where an engine keeps its Gaussians: here all on one device, in ``self.model``.
+    # The offload engine overrides these four to keep them in host memory.
+
+    def _working_set(self, cameras: list[Camera]) -> tuple[Tensor, GaussianModel]:
+        """The rows a batch of ``cameras`` renders from, and the model of those rows."""
+        return torch.arange(len(self.model)), self.model
+
+    def _gradients_taken(self, rows: Tensor, working: GaussianModel) -> None:
+        """The working model holds this step's gradients (here: ``self.model`` does)."""
+
+    def _bring_current(self) -> None:
+        """Make ``self.model`` and the optimiser state current (here: always)."""
+
+    def _rows_changed(self) -> None:
+        """``self.model``'s rows were replaced (moved between ranks)."""
 
     def _loss_backward(self, model: GaussianModel,
                        batch: list[TrainView]) -> tuple[Splats, StepResult]:

@@ -62,10 +62,12 @@ class DistributedEngine(LocalEngine):
 
     def __init__(self, shard: GaussianModel, batch_size: int, background: Tensor,
                  ssim_weight: float = 0.2, balance: str = "cost",
-                 fixed_cost: RowCost | None = None) -> None:
+                 fixed_cost: RowCost | None = None, **storage) -> None:
         """``balance``: ``cost`` cuts rows of equal estimated cost, with ``fixed_cost``
-        or else with coefficients fitted as the run goes; ``uniform`` equal row counts."""
-        super().__init__(shard, batch_size, background, ssim_weight)
+        or else with coefficients fitted as the run goes; ``uniform`` equal row counts.
+        ``storage``: the arguments of the engine that keeps the shard, when it is not
+        ``LocalEngine`` (``OffloadedShardEngine``)."""
+        super().__init__(shard, batch_size, background, ssim_weight, **storage)
         self.balance = balance
         self.fixed_cost = fixed_cost
         self.fitted_cost = FittedRowCost()
@@ -75,7 +77,8 @@ class DistributedEngine(LocalEngine):
 
     def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
         cameras = [view.camera for view in batch]
-        splats = project(self.model, cameras)
+        rows, working = self._working_set(cameras)
+        splats = project(working, cameras)
         splats.means2d.retain_grad()
         work = tile_row_work(splats, cameras)
         dist.all_reduce(work)
@@ -89,7 +92,8 @@ class DistributedEngine(LocalEngine):
         seconds = time.perf_counter() - began
         received.backward(received_grad)
         if track_stats:
-            self._track(splats, batch, splats.gaussian_ids)
+            self._track(splats, batch, rows[splats.gaussian_ids])
+        self._gradients_taken(rows, working)
         reports = torch.zeros(self.world, 3, dtype=torch.float64)
         reports[self.rank] = torch.tensor([*rendered_workload(work, bands[self.rank], cameras),
                                            seconds],
@@ -174,6 +178,7 @@ class DistributedEngine(LocalEngine):
         self.model.keys = move(self.model.keys)
         adam.params = self.model.parameters()
         self.stats = type(self.stats)(move(self.stats.grad_sum), move(self.stats.count))
+        self._rows_changed()
 
     def any_rank(self, flag: bool) -> bool:
         agreed = torch.tensor([int(flag)])
@@ -187,6 +192,7 @@ class DistributedEngine(LocalEngine):
 
     def model_parts(self) -> Iterator[GaussianModel]:
         """Rank 0 yields the shards in rank order, each received when its turn comes."""
+        self._bring_current()
         shard = self.model.detach()
         if self.rank != 0:
             rows = torch.cat([t.reshape(len(shard), -1) for t in shard.parameters().values()], 1)
@@ -213,6 +219,7 @@ class DistributedEngine(LocalEngine):
     @torch.no_grad()
     def render(self, camera: Camera) -> RenderOutput:
         """The whole view on every rank, each rank rendering its rows of it."""
+        self._bring_current()
         splats = project(self.model, [camera])
         work = tile_row_work(splats, [camera])
         dist.all_reduce(work)

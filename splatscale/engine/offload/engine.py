@@ -28,7 +28,6 @@ import torch
 from torch import Tensor
 
 from splatscale.data.cameras import Camera
-from splatscale.engine import StepResult, TrainView
 from splatscale.engine.local import LocalEngine
 from splatscale.engine.offload.culling import DeviceGeometry, candidates
 from splatscale.engine.offload.host_adam import Advanced, DeferredAdam
@@ -63,19 +62,9 @@ class OffloadEngine(LocalEngine):
 
     # -- one step ----------------------------------------------------------------------
 
-    def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
-        cameras = [view.camera for view in batch]
-        rows, working = self._working_set(cameras)
-        splats, result = self._loss_backward(working, batch)
-        if track_stats:
-            self._track(splats, batch, rows[splats.gaussian_ids.cpu()])
-        self.pending = Update(rows, {n: (p.grad if p.grad is not None else torch.zeros_like(p))
-                                     .cpu() for n, p in working.parameters().items()})
-        self.graded = self.model.parameters()
-        return result
-
     def _working_set(self, cameras: list[Camera]) -> tuple[Tensor, GaussianModel]:
-        """The visible rows and, on the device, their current values (with gradient)."""
+        """The visible rows and, on the device, their current values (with gradient): the
+        cull, the forwarded values, the exact test."""
         geometry = self.geometry
         since = geometry.updated_at.cpu().to(torch.int64)
         maybe = candidates(geometry.means, geometry.log_scales,
@@ -92,6 +81,11 @@ class OffloadEngine(LocalEngine):
         self.moved_to_device = (sum(tested[n].nbytes for n in tested)
                                 + sum(on_device[n].nbytes for n in on_device if n not in tested))
         return rows, self._model(on_device, rows).requires_grad_(True)
+
+    def _gradients_taken(self, rows: Tensor, working: GaussianModel) -> None:
+        self.pending = Update(rows, {n: (p.grad if p.grad is not None else torch.zeros_like(p))
+                                     .cpu() for n, p in working.parameters().items()})
+        self.graded = self.model.parameters()
 
     def _model(self, values: dict[str, Tensor], rows: Tensor) -> GaussianModel:
         return GaussianModel(**values, sh_degree=self.model.sh_degree,
@@ -138,7 +132,7 @@ class OffloadEngine(LocalEngine):
         if advanced is not None:
             self._write(advanced)
 
-    def _catch_up(self) -> None:
+    def _bring_current(self) -> None:
         """Every row current in the master arrays (and the device geometry)."""
         self._settle()
         behind = (self.host_adam.updated_at < self.host_adam.step_count).nonzero()[:, 0]
@@ -149,31 +143,34 @@ class OffloadEngine(LocalEngine):
 
     def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
                           min_opacity: float, prune_large: bool) -> None:
-        self._catch_up()
+        self._bring_current()
         super().densify_and_prune(grad_threshold, percent_dense, extent, min_opacity,
                                   prune_large)
-        self.host_adam.resized(len(self.model))
-        self.geometry = self._device_geometry()
+        self._rows_changed()
         self.pending = None  # its rows are gone; no group is stepped this step
 
+    def _rows_changed(self) -> None:
+        self.host_adam.resized(len(self.model))
+        self.geometry = self._device_geometry()
+
     def reset_opacity(self) -> None:
-        self._catch_up()
+        self._bring_current()
         super().reset_opacity()
 
     def render(self, camera: Camera) -> RenderOutput:
-        self._catch_up()
+        self._bring_current()
         return super().render(camera)
 
     def model_parts(self) -> Iterator[GaussianModel]:
-        self._catch_up()
+        self._bring_current()
         return super().model_parts()
 
     def non_finite(self) -> int:
-        self._catch_up()
+        self._bring_current()
         return super().non_finite()
 
     def state_dict(self) -> dict:
-        self._catch_up()
+        self._bring_current()
         return super().state_dict()
 
     def load_state_dict(self, state: dict) -> None:
