@@ -32,15 +32,10 @@ import tempfile
 from pathlib import Path
 
 import numba
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from scipy.spatial import cKDTree
 
-from splatscale.data.cameras import Camera
-from splatscale.data.colmap import read_colmap
-from splatscale.data.images import ImageStore
 from splatscale.engine import TrainView
 from splatscale.engine.distributed import DistributedEngine, shard_of
 from splatscale.engine.distributed.cost_model import FittedRowCost, RowCost
@@ -48,12 +43,12 @@ from splatscale.engine.distributed.exchange import (FLOAT_COLUMNS, exchange_coun
                                                     rendered_workload, route)
 from splatscale.engine.distributed.partition import partition, tile_row_work
 from splatscale.engine.local import LocalEngine
-from splatscale.model import init_from_points
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project
 from splatscale.render.cpu_kernels import GRAD_WIDTH
 
-DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
+from scenes import garden_scene, moved_views, snowmiku_init
+
 FLOAT_BYTES = 4  # float32 training
 INT_COLUMNS = 4  # radii (2), key, camera: int64 each
 # A splat's row on its way to a renderer, and its gradient on the way back.
@@ -72,34 +67,6 @@ def state_bytes(engine: LocalEngine) -> int:
     tensors = [*params, *params, *adam.exp_avg.values(), *adam.exp_avg_sq.values(),
                engine.model.keys, *vars(engine.stats).values()]
     return sum(t.nbytes for t in tensors)
-
-
-def garden_scene(count: int, seed: int = 0) -> tuple[GaussianModel, list[Camera]]:
-    data = np.load(DATA / "garden_splats.npz")
-    points, colors = data["means3d"].astype(np.float64), data["colors"]
-    rng = np.random.default_rng(seed)
-    spacing = cKDTree(points).query(points, k=2)[0][:, 1]
-    copies = rng.integers(0, len(points), count - len(points))
-    jittered = points[copies] + rng.normal(size=(len(copies), 3)) * spacing[copies, None]
-    model = init_from_points(np.concatenate([points, jittered]),
-                             np.concatenate([colors, colors[copies]]).clip(0, 1))
-    cameras = [Camera(torch.from_numpy(v).float(), torch.from_numpy(k).float(),
-                      int(data["width"]), int(data["height"]), f"garden{i}")
-               for i, (v, k) in enumerate(zip(data["viewmats"], data["Ks"]))]
-    return model, cameras
-
-
-def moved_views(cameras: list[Camera], centre: torch.Tensor, count: int,
-                generator: torch.Generator) -> list[Camera]:
-    views = []
-    for i in range(count):
-        camera = cameras[i % len(cameras)]
-        distance = float((camera.center - centre).norm())
-        offset = (torch.rand(3, generator=generator) * 2 - 1) * 0.02 * distance
-        viewmat = camera.viewmat.clone()
-        viewmat[:3, 3] -= viewmat[:3, :3] @ offset  # the centre moves by +offset
-        views.append(Camera(viewmat, camera.K, camera.width, camera.height, f"{camera.name}+"))
-    return views
 
 
 def traffic(sent_rows: float, received_rows: float) -> tuple[float, float]:
@@ -168,12 +135,6 @@ def batches(views: int, size: int, count: int) -> list[list[int]]:
     return [torch.randperm(views, generator=generator)[:size].tolist() for _ in range(count)]
 
 
-def snowmiku() -> tuple[ImageStore, GaussianModel]:
-    scene = read_colmap(DATA / "snowmiku")
-    return ImageStore(scene, background=scene.background), init_from_points(scene.points,
-                                                                              scene.colors)
-
-
 def measured_rank(rank: int, world: int, init_file: str, steps: int, out_file: str) -> None:
     """One gloo rank: ``steps`` steps of the real engine, each rank's traffic, time,
     workload and state gathered on rank 0 (the first step, warming up, is dropped)."""
@@ -181,7 +142,7 @@ def measured_rank(rank: int, world: int, init_file: str, steps: int, out_file: s
                             world_size=world)
     torch.set_num_threads(1)
     numba.set_num_threads(1)
-    store, model = snowmiku()
+    store, model = snowmiku_init()
     engine = DistributedEngine(shard_of(model, rank, world), world, torch.zeros(3),
                                fixed_cost=RowCost())
     records = []
@@ -217,7 +178,7 @@ def measure(world: int, steps: int) -> list[dict]:
 
 def predicted_like(world: int, steps: int) -> list[dict]:
     """The one-process prediction of ``measure(world, steps)``."""
-    store, model = snowmiku()
+    store, model = snowmiku_init()
     shards = [shard_of(model, r, world) for r in range(world)]
     per_gaussian = bytes_per_gaussian(model)
     return [predict_step(shards, [store.camera(i) for i in ids], RowCost(), per_gaussian)

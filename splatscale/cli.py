@@ -99,9 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="keep the Gaussians and optimiser state in host memory, the "
                             "device holding 44 bytes per Gaussian and each step's visible "
                             "ones (GS-Scale); with --nproc, each rank offloads its shard")
+    train.add_argument("--forwarding", dest="forwarding", action="store_true", default=None,
+                       help="with --offload: run the host update of each step beside the "
+                            "device's next step (default on a GPU; on a CPU the two share "
+                            "the cores and it is off)")
     train.add_argument("--no-forwarding", dest="forwarding", action="store_false",
-                       help="with --offload: run the host update after each step instead "
-                            "of beside the next one (the same results, slower)")
+                       help="with --offload: run the host update after each step (the "
+                            "same results)")
     train.add_argument("--balance", choices=("cost", "uniform"), default="cost",
                        help="how ranks share a batch's pixel rows: equal estimated cost "
                             "(default) or equal row counts")

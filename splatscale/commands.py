@@ -93,8 +93,9 @@ def train(args: Namespace) -> None:
 
 
 def _checked_inputs(args: Namespace) -> tuple[RunFolder, TrainConfig, object, ImageStore]:
-    if not args.forwarding and not args.offload:
-        raise SplatscaleError("--no-forwarding: only with --offload")
+    if args.forwarding is not None and not args.offload:
+        flag = "--forwarding" if args.forwarding else "--no-forwarding"
+        raise SplatscaleError(f"{flag}: only with --offload")
     folder = RunFolder(args.output)
     folder.check(args.resume, args.overwrite)
     config = _resumed_config(args, folder.checkpoint) if args.resume else _new_config(args)

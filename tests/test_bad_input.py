@@ -219,6 +219,7 @@ def test_bad_checkpoints_are_refused(output, capsys, content, fragment):
     (["--intersection-cost", "inf"], "argument --intersection-cost: must be a finite number"),
     (["--pixel-cost", "cheap"], "argument --pixel-cost: not a number: 'cheap'"),
     (["--no-forwarding"], "--no-forwarding: only with --offload"),
+    (["--forwarding"], "--forwarding: only with --offload"),
 ])
 def test_bad_flags(output, capsys, flags, fragment):
     with pytest.raises(SystemExit) as exit_info:

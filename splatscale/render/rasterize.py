@@ -84,13 +84,12 @@ class _Composite(torch.autograd.Function):
         saved = ctx.saved_tensors
         means2d, final_T, last = saved[0], saved[-2], saved[-1]
         splat_ids = _numpy(ctx.splat_ids)
-        isect_grads = np.zeros((len(splat_ids), cpu_kernels.GRAD_WIDTH),
-                               dtype=_numpy(means2d).dtype)
+        # Buffers from torch, not numpy, so that torch's profiler counts them.
+        isect_grads = torch.zeros((len(splat_ids), cpu_kernels.GRAD_WIDTH), dtype=means2d.dtype)
         cpu_kernels.backward(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
-                             _numpy(v_depth_sum), _numpy(v_alpha), isect_grads)
-        per_splat = np.zeros((means2d.shape[0], isect_grads.shape[1]), isect_grads.dtype)
-        cpu_kernels.sum_per_splat(splat_ids, isect_grads, per_splat)
-        grads = torch.from_numpy(per_splat)
+                             _numpy(v_depth_sum), _numpy(v_alpha), isect_grads.numpy())
+        grads = torch.zeros((means2d.shape[0], cpu_kernels.GRAD_WIDTH), dtype=means2d.dtype)
+        cpu_kernels.sum_per_splat(splat_ids, isect_grads.numpy(), grads.numpy())
         k = cpu_kernels
         v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
         return (grads[:, k.GRAD_MEAN:k.GRAD_MEAN + 2], grads[:, k.GRAD_CONIC:k.GRAD_CONIC + 3],

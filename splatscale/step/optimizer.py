@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from splatscale.step.adam_kernels import adam_constants, adam_step
+
 BETAS = (0.9, 0.999)
 EPS = 1e-15
 
@@ -36,7 +38,9 @@ def batch_hyperparameters(lr: float, batch_size: int, betas=BETAS, eps: float = 
 
 
 class GaussianAdam:
-    """Adam, one group per named parameter; ``step`` is torch.optim.Adam's formula."""
+    """Adam, one group per named parameter; ``step`` is torch.optim.Adam's formula,
+    computed by ``adam_kernels`` (the offload engine replays skipped steps with the
+    same code)."""
 
     def __init__(self, params: dict[str, Tensor], batch_size: int = 1) -> None:
         self.params = params
@@ -50,18 +54,19 @@ class GaussianAdam:
 
     @torch.no_grad()
     def step(self, learning_rates: dict[str, float]) -> None:
+        """One Adam step of every parameter that has a gradient (``adam_kernels``)."""
         for name, param in self.params.items():
             if param.grad is None:
                 continue
             h = self.hyper(learning_rates[name])
             self.steps[name] += 1
             t = self.steps[name]
-            m, v = self.exp_avg[name], self.exp_avg_sq[name]
-            m.lerp_(param.grad, 1 - h.beta1)
-            v.mul_(h.beta2).addcmul_(param.grad, param.grad, value=1 - h.beta2)
-            bias1, bias2 = 1 - h.beta1 ** t, 1 - h.beta2 ** t
-            denom = (v.sqrt() / math.sqrt(bias2)).add_(h.eps)
-            param.addcdiv_(m, denom, value=-h.lr / bias1)
+            rows = [x.detach().view(len(param), -1).numpy()
+                    for x in (param, self.exp_avg[name], self.exp_avg_sq[name], param.grad)]
+            dtype = rows[0].dtype.type
+            adam_step(*rows, dtype(-h.lr / (1 - h.beta1 ** t)),
+                      dtype(math.sqrt(1 - h.beta2 ** t)),
+                      adam_constants(h.beta1, h.beta2, h.eps, rows[0].dtype))
 
     def zero_grad(self) -> None:
         for param in self.params.values():

@@ -43,15 +43,20 @@ EXACT_TEST = (*GEOMETRY, "opacity_logits")  # what project's visibility test rea
 class OffloadEngine(LocalEngine):
     def __init__(self, model: GaussianModel, batch_size: int, background: Tensor,
                  ssim_weight: float = 0.2, device: str = "cpu",
-                 forwarding: bool = True) -> None:
+                 forwarding: bool | None = None) -> None:
+        """``forwarding`` None: on when the device is not the host's CPU. On a CPU the
+        two halves share the cores, so overlapping them only adds contention."""
         super().__init__(model, batch_size, background, ssim_weight)
         self.device = torch.device(device)
+        if forwarding is None:
+            forwarding = self.device.type != "cpu"
         self.pipeline = UpdatePipeline(forwarding)
         self.host_adam = DeferredAdam(self.optimizer, len(self.model))
         self.geometry = self._device_geometry()
         self.pending: Update | None = None  # this step's gradients, until optimizer_step
         self.graded: dict[str, Tensor] = {}  # the master tensors the gradients belong to
         self.moved_to_device = 0  # bytes of the last step, host to device
+        self.last_counts = 0, 0  # the last step's candidates and visible rows
 
     def _device_geometry(self) -> DeviceGeometry:
         """The device's copy of the master geometry; every row current."""
@@ -63,24 +68,26 @@ class OffloadEngine(LocalEngine):
     # -- one step ----------------------------------------------------------------------
 
     def _working_set(self, cameras: list[Camera]) -> tuple[Tensor, GaussianModel]:
-        """The visible rows and, on the device, their current values (with gradient): the
-        cull, the forwarded values, the exact test."""
-        geometry = self.geometry
-        since = geometry.updated_at.cpu().to(torch.int64)
-        maybe = candidates(geometry.means, geometry.log_scales,
-                           self.host_adam.reach("means", since).to(self.device),
-                           self.host_adam.reach("log_scales", since).to(self.device), cameras)
-        rows = maybe.nonzero()[:, 0].cpu()
+        """The visible rows and, on the device, their current values (with gradient)."""
+        rows = self._candidates(cameras)
         values = self._current(rows)
         tested = {n: values[n].to(self.device) for n in EXACT_TEST}
-        seen = visible_gaussians(self._model({**values, **tested}, rows), cameras)
-        kept = seen.nonzero()[:, 0]
+        kept = visible_gaussians(self._model({**values, **tested}, rows), cameras).nonzero()[:, 0]
         on_device = {n: tested[n][kept] if n in tested else values[n][kept.cpu()].to(self.device)
                      for n in values}
-        rows = rows[kept.cpu()]
         self.moved_to_device = (sum(tested[n].nbytes for n in tested)
                                 + sum(on_device[n].nbytes for n in on_device if n not in tested))
+        self.last_counts = len(rows), len(kept)
+        rows = rows[kept.cpu()]
         return rows, self._model(on_device, rows).requires_grad_(True)
+
+    def _candidates(self, cameras: list[Camera]) -> Tensor:
+        """Rows the batch may see, by the device's lagging geometry and drift bound."""
+        since = self.geometry.updated_at.cpu().to(torch.int64)
+        maybe = candidates(self.geometry.means, self.geometry.log_scales,
+                           self.host_adam.reach("means", since).to(self.device),
+                           self.host_adam.reach("log_scales", since).to(self.device), cameras)
+        return maybe.nonzero()[:, 0].cpu()
 
     def _gradients_taken(self, rows: Tensor, working: GaussianModel) -> None:
         self.pending = Update(rows, {n: (p.grad if p.grad is not None else torch.zeros_like(p))

@@ -4,15 +4,14 @@ Dense Adam (``step/optimizer.py``) moves every row every step: a row with no
 gradient still decays its moments and moves by its momentum. Here a row that
 a step did not see is left alone and remembers the step it is current at
 (``updated_at``); when it is next needed it replays the steps it missed, one
-by one with each step's own learning rate and bias correction, in registers
-(one read and one write of the row, whatever the number of steps). These are
-dense Adam's operations on zero gradients, eps included, in the same
-precision and order: no closed form approximates anything, and the replay
-differs from dense Adam only where torch's vectorised kernels round
-differently (fused multiply-adds).
+by one with each step's own learning rate and bias correction, in one pass
+over the row (``adam_kernels.adam_replay``). These are dense Adam's
+operations on zero gradients, eps included, by the very code of the dense
+step: no closed form approximates anything, and a deferred row ends bit for
+bit where dense Adam would have taken it.
 
-The numba kernel is pure: it reads the master arrays and writes the advanced
-rows elsewhere, so the parameter-forwarding pipeline can compute a row's next
+The replay is pure: it reads the master arrays and writes the advanced rows
+elsewhere, so the parameter-forwarding pipeline can compute a row's next
 values while a worker thread computes the same rows for the master copy.
 """
 
@@ -21,12 +20,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numba
 import numpy as np
 import torch
-from numba import prange
 from torch import Tensor
 
+from splatscale.step.adam_kernels import adam_constants, adam_replay
 from splatscale.step.optimizer import GaussianAdam
 
 # A row is caught up when it would otherwise fall this many steps behind.
@@ -34,27 +32,6 @@ MAX_SKIPPED_STEPS = 15
 # |m| / sqrt(v) of any gradient sequence is at most
 # (1 - b1) / sqrt(1 - b2) / sqrt(1 - b1^2 / b2) (Cauchy-Schwarz on the two sums).
 _SAFETY = 1.001  # float32 moments round; the bound must still hold
-
-
-@numba.njit(parallel=True, nogil=True, cache=True)
-def _advance(param, m, v, rows, since, grad, until, stepped, scale, root_bias2, constants,
-             out_param, out_m, out_v):  # pragma: no cover - compiled
-    # In the arrays' precision, with torch's order of operations, so that a row
-    # advanced here rounds as GaussianAdam.step rounds it.
-    one_minus_beta1, beta2, one_minus_beta2, eps, zero = constants
-    for i in prange(rows.shape[0]):
-        r = rows[i]
-        for c in range(param.shape[1]):
-            p, mm, vv = param[r, c], m[r, c], v[r, c]
-            for s in range(since[i] + 1, until + 1):
-                if not stepped[s]:
-                    continue
-                g = grad[i, c] if s == until else zero
-                mm = mm + one_minus_beta1 * (g - mm)
-                vv = vv * beta2 + one_minus_beta2 * g * g
-                denom = np.sqrt(vv) / root_bias2[s] + eps
-                p = p + scale[s] * mm / denom
-            out_param[i, c], out_m[i, c], out_v[i, c] = p, mm, vv
 
 
 @dataclass
@@ -135,27 +112,23 @@ class DeferredAdam:
         """Rows ``rows`` as dense Adam has them after the latest logged step, whose
         gradient (absent: zero) is ``grads``; the master arrays are only read."""
         since = self.updated_at[rows].numpy()
+        h = self.adam.hyper(1.0)
         out = Advanced(rows, {}, {}, {})
         for name, param in self.adam.params.items():
             width = param[0].numel()
-            flat = param.detach().reshape(len(param), width)
             grad = (grads[name].reshape(len(rows), width) if grads is not None
                     else torch.zeros(len(rows), width, dtype=param.dtype))
             new = [torch.empty(len(rows), width, dtype=param.dtype) for _ in range(3)]
-            dtype = flat.numpy().dtype
-            _advance(flat.numpy(), self.adam.exp_avg[name].reshape(len(param), width).numpy(),
-                     self.adam.exp_avg_sq[name].reshape(len(param), width).numpy(),
-                     rows.numpy(), since, grad.detach().contiguous().numpy(), self.step_count,
-                     *self.logs[name].arrays(dtype), self._constants(dtype),
-                     *(t.numpy() for t in new))
+            master = [t.detach().reshape(len(param), width).numpy()
+                      for t in (param, self.adam.exp_avg[name], self.adam.exp_avg_sq[name])]
+            dtype = master[0].dtype
+            adam_replay(*master, rows.numpy(), since, grad.detach().contiguous().numpy(),
+                        self.step_count, *self.logs[name].arrays(dtype),
+                        adam_constants(h.beta1, h.beta2, h.eps, dtype), *(t.numpy() for t in new))
             shape = (len(rows), *param.shape[1:])
             out.params[name], out.exp_avg[name], out.exp_avg_sq[name] = (
                 t.view(shape) for t in new)
         return out
-
-    def _constants(self, dtype: np.dtype) -> np.ndarray:
-        h = self.adam.hyper(1.0)
-        return np.array([1 - h.beta1, h.beta2, 1 - h.beta2, h.eps, 0.0], dtype=dtype)
 
     @torch.no_grad()
     def write(self, advanced: Advanced) -> None:

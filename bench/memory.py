@@ -1,0 +1,123 @@
+"""Device memory of training on one device against offloaded; prints one JSON line.
+
+For each scene (snowmiku's SfM points at B = 1 with its images, and 1M
+Gaussians from the garden splats with a garden camera), after a warm-up
+step, per engine:
+
+- ``*_device_bytes_per_gaussian``: what stays on the device between steps.
+  Local: the parameters, their gradients, both Adam moments, keys and
+  densification statistics. Offload: means, log-scales, quaternions and the
+  step each row was written at.
+- ``*_peak_bytes``: a step's peak on the device: the persistent bytes, what
+  the step brings (offload: the candidates' geometry and opacity for the
+  exact test, then the visible rows' parameters and keys), and the peak of
+  what the step allocates on the device, measured with torch's profiler
+  (``profile_memory``: every allocation and free of the step's tensors,
+  activations, saved tensors and gradients included). On a CPU the device is
+  host memory, so the offload engine's host-side work (the culling bound, the
+  forwarded values, the host Adam) is left out of its device count: those
+  tensors live in host memory on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from splatscale.engine import TrainView
+from splatscale.engine.local import LocalEngine
+from splatscale.engine.offload import OffloadEngine
+from splatscale.engine.offload.engine import EXACT_TEST
+from splatscale.model.gaussians import GaussianModel
+from splatscale.render.projection import visible_gaussians
+
+from scenes import garden_scene, snowmiku_init
+
+def rates(extent: float = 1.0) -> dict[str, float]:
+    """3DGS's initial learning rates."""
+    return {"means": 1.6e-4 * extent, "sh0": 2.5e-3, "shN": 2.5e-3 / 20,
+            "opacity_logits": 0.05, "log_scales": 5e-3, "quats": 1e-3}
+
+
+def allocated_peak(step) -> int:
+    """The largest number of bytes ``step()`` has allocated and not yet freed."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    with tempfile.TemporaryDirectory() as folder:
+        trace = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(trace))
+        events = json.loads(trace.read_text())["traceEvents"]
+    totals = [e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]"]
+    return max([0, *totals])
+
+
+def local_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, float]:
+    engine = LocalEngine(model.detach(), len(views), torch.zeros(3))
+    engine.forward_backward(views, track_stats=True)
+    engine.optimizer_step(rates())
+    params = engine.model.parameters().values()
+    kept = sum(t.nbytes for t in (*params, *engine.optimizer.exp_avg.values(),
+                                  *engine.optimizer.exp_avg_sq.values(), engine.model.keys,
+                                  engine.stats.grad_sum, engine.stats.count))
+    gradients = sum(t.nbytes for t in params)  # allocated by the step, counted in its peak
+
+    def step() -> None:
+        engine.forward_backward(views, track_stats=True)
+        engine.optimizer_step(rates())
+    return {"device_bytes_per_gaussian": (kept + gradients) / len(model),
+            "peak_bytes": kept + allocated_peak(step)}
+
+
+def offload_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, float]:
+    engine = OffloadEngine(model.detach(), len(views), torch.zeros(3), forwarding=False)
+    engine.forward_backward(views, track_stats=True)
+    engine.optimizer_step(rates())
+    cameras = [view.camera for view in views]
+    # The step's device part, piece by piece (the engine's own calls).
+    rows, working = engine._working_set(cameras)
+    candidates = engine._candidates(cameras)
+    tested = GaussianModel(**engine._current(candidates), sh_degree=0)
+    test_peak = allocated_peak(lambda: visible_gaussians(tested, cameras))
+    render_peak = allocated_peak(lambda: engine._loss_backward(working, views))
+    brought = (sum(getattr(tested, n).nbytes for n in EXACT_TEST)
+               + sum(t.nbytes for t in working.parameters().values()) + working.keys.nbytes)
+    persistent = engine.memory_per_gaussian()["device"]
+    return {"device_bytes_per_gaussian": persistent,
+            "peak_bytes": persistent * len(model) + brought + max(test_peak, render_peak),
+            "visible_fraction": len(rows) / len(model),
+            "candidate_fraction": len(candidates) / len(model)}
+
+
+def scenes(gaussians: int):
+    store, model = snowmiku_init()
+    yield "snowmiku", model, [TrainView(store.camera(0), store.as_float(0))]
+    model, cameras = garden_scene(gaussians)
+    camera = cameras[0]
+    yield "garden", model, [TrainView(camera, torch.zeros(camera.height, camera.width, 3))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--gaussians", type=int, default=1_000_000, help="of the garden scene")
+    args = parser.parse_args()
+    out = {}
+    for name, model, views in scenes(args.gaussians):
+        local, offload = local_memory(model, views), offload_memory(model, views)
+        out[name] = {"gaussians": len(model),
+                     "local_device_bytes_per_gaussian": local["device_bytes_per_gaussian"],
+                     "offload_device_bytes_per_gaussian": offload["device_bytes_per_gaussian"],
+                     "local_peak_bytes": local["peak_bytes"],
+                     "offload_peak_bytes": offload["peak_bytes"],
+                     "peak_ratio": round(local["peak_bytes"] / offload["peak_bytes"], 2),
+                     "visible_fraction": round(offload["visible_fraction"], 3),
+                     "candidate_fraction": round(offload["candidate_fraction"], 3)}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

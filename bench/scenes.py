@@ -1,0 +1,56 @@
+"""The scenes the benchmarks share, built from the test data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.spatial import cKDTree
+
+from splatscale.data.cameras import Camera
+from splatscale.data.colmap import read_colmap
+from splatscale.data.images import ImageStore
+from splatscale.model import init_from_points
+from splatscale.model.gaussians import GaussianModel
+
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
+
+
+def snowmiku_init() -> tuple[ImageStore, GaussianModel]:
+    """snowmiku's images and its SfM points at 3DGS initialisation."""
+    scene = read_colmap(DATA / "snowmiku")
+    return ImageStore(scene, background=scene.background), init_from_points(scene.points,
+                                                                              scene.colors)
+
+
+def garden_scene(count: int, seed: int = 0) -> tuple[GaussianModel, list[Camera]]:
+    """The garden splats' points, each copied with a jitter of its nearest-neighbour
+    distance up to ``count`` (3DGS initialisation), and the three garden cameras."""
+    data = np.load(DATA / "garden_splats.npz")
+    points, colors = data["means3d"].astype(np.float64), data["colors"]
+    rng = np.random.default_rng(seed)
+    spacing = cKDTree(points).query(points, k=2)[0][:, 1]
+    copies = rng.integers(0, len(points), count - len(points))
+    jittered = points[copies] + rng.normal(size=(len(copies), 3)) * spacing[copies, None]
+    model = init_from_points(np.concatenate([points, jittered]),
+                             np.concatenate([colors, colors[copies]]).clip(0, 1))
+    cameras = [Camera(torch.from_numpy(v).float(), torch.from_numpy(k).float(),
+                      int(data["width"]), int(data["height"]), f"garden{i}")
+               for i, (v, k) in enumerate(zip(data["viewmats"], data["Ks"]))]
+    return model, cameras
+
+
+def moved_views(cameras: list[Camera], centre: torch.Tensor, count: int,
+                generator: torch.Generator) -> list[Camera]:
+    """``count`` views: the cameras in turn, each moved by up to 2 % of its distance
+    to ``centre``."""
+    views = []
+    for i in range(count):
+        camera = cameras[i % len(cameras)]
+        distance = float((camera.center - centre).norm())
+        offset = (torch.rand(3, generator=generator) * 2 - 1) * 0.02 * distance
+        viewmat = camera.viewmat.clone()
+        viewmat[:3, 3] -= viewmat[:3, :3] @ offset  # the centre moves by +offset
+        views.append(Camera(viewmat, camera.K, camera.width, camera.height, f"{camera.name}+"))
+    return views
