@@ -34,7 +34,7 @@ from splatscale.engine.local import LocalEngine
 from splatscale.engine.offload import OffloadEngine
 from splatscale.engine.offload.engine import EXACT_TEST
 from splatscale.model.gaussians import GaussianModel
-from splatscale.render.projection import visible_gaussians
+from splatscale.render.projection import visibility
 
 from scenes import garden_scene, snowmiku_init
 
@@ -79,11 +79,11 @@ def offload_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, fl
     engine.optimizer_step(rates())
     cameras = [view.camera for view in views]
     # The step's device part, piece by piece (the engine's own calls).
-    rows, working = engine._working_set(cameras)
+    rows, working, seen = engine._working_set(cameras)
     candidates = engine._candidates(cameras)
     tested = GaussianModel(**engine._current(candidates), sh_degree=0)
-    test_peak = allocated_peak(lambda: visible_gaussians(tested, cameras))
-    render_peak = allocated_peak(lambda: engine._loss_backward(working, views))
+    test_peak = allocated_peak(lambda: visibility(tested, cameras))
+    render_peak = allocated_peak(lambda: engine._loss_backward(working, views, seen))
     brought = (sum(getattr(tested, n).nbytes for n in EXACT_TEST)
                + sum(t.nbytes for t in working.parameters().values()) + working.keys.nbytes)
     persistent = engine.memory_per_gaussian()["device"]

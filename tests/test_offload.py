@@ -20,7 +20,7 @@ from splatscale.engine.offload.culling import candidates
 from splatscale.engine.offload.host_adam import MAX_SKIPPED_STEPS, DeferredAdam
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import render
-from splatscale.render.projection import visible_gaussians
+from splatscale.render.projection import visibility
 from splatscale.step.optimizer import GaussianAdam
 from tests.conftest import TRAIN_RATES, look_at_camera, orbit_cameras, random_model
 
@@ -169,9 +169,9 @@ def test_culling_keeps_every_gaussian_the_exact_test_keeps_under_large_drift():
         for name in params:
             lagging[name][pushed] = written.params[name]
         truth = deferred.advance(torch.arange(len(model))).params
-        exact = visible_gaussians(GaussianModel(
+        exact = visibility(GaussianModel(
             truth["means"], model.quats, truth["log_scales"], model.opacity_logits, model.sh0,
-            model.shN), cameras)
+            model.shN), cameras).visible.any(dim=0)
         superset = candidates(lagging["means"], lagging["log_scales"],
                               deferred.reach("means", deferred.updated_at),
                               deferred.reach("log_scales", deferred.updated_at), cameras)

@@ -11,6 +11,7 @@ from splatscale.data.cameras import Camera
 from splatscale.engine import StepResult, TrainView
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import RenderOutput, Splats, project, rasterize
+from splatscale.render.projection import Visibility
 from splatscale.step import densify
 from splatscale.step.loss import photometric_loss, psnr
 from splatscale.step.optimizer import GaussianAdam
@@ -28,8 +29,8 @@ class LocalEngine:
         self.densify_events = 0
 
     def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
-        rows, working = self._working_set([view.camera for view in batch])
-        splats, result = self._loss_backward(working, batch)
+        rows, working, seen = self._working_set([view.camera for view in batch])
+        splats, result = self._loss_backward(working, batch, seen)
         if track_stats:
             self._track(splats, batch, rows[splats.gaussian_ids])
         self._gradients_taken(rows, working)
@@ -38,9 +39,11 @@ class LocalEngine:
     # Where an engine keeps its Gaussians: here all on one device, in ``self.model``.
     # The offload engine overrides these four to keep them in host memory.
 
-    def _working_set(self, cameras: list[Camera]) -> tuple[Tensor, GaussianModel]:
-        """The rows a batch of ``cameras`` renders from, and the model of those rows."""
-        return torch.arange(len(self.model)), self.model
+    def _working_set(self, cameras: list[Camera]
+                     ) -> tuple[Tensor, GaussianModel, Visibility | None]:
+        """The rows a batch of ``cameras`` renders from, the model of those rows, and
+        their visibility if it is known already."""
+        return torch.arange(len(self.model)), self.model, None
 
     def _gradients_taken(self, rows: Tensor, working: GaussianModel) -> None:
         """The working model holds this step's gradients (here: ``self.model`` does)."""
@@ -51,10 +54,10 @@ class LocalEngine:
     def _rows_changed(self) -> None:
         """``self.model``'s rows were replaced (moved between ranks)."""
 
-    def _loss_backward(self, model: GaussianModel,
-                       batch: list[TrainView]) -> tuple[Splats, StepResult]:
+    def _loss_backward(self, model: GaussianModel, batch: list[TrainView],
+                       seen: Visibility | None = None) -> tuple[Splats, StepResult]:
         """Render ``batch`` from ``model``, its loss averaged over the views, backward."""
-        splats = project(model, [view.camera for view in batch])
+        splats = project(model, [view.camera for view in batch], seen)
         splats.means2d.retain_grad()
         loss, psnrs = 0.0, []
         for i, view in enumerate(batch):

@@ -156,28 +156,39 @@ def _camera_tensors(cameras: Sequence[Camera], like: Tensor) -> tuple[Tensor, Te
     return viewmats, Ks, sizes
 
 
+@dataclass
+class Visibility:
+    """Of every (camera, Gaussian) pair: the box's radii [C, N, 2] and whether the
+    pair passes the visibility test [C, N]."""
+
+    radii: Tensor
+    visible: Tensor
+
+    def of_gaussians(self, rows: Tensor) -> "Visibility":
+        return Visibility(self.radii[:, rows], self.visible[:, rows])
+
+
 @torch.no_grad()
-def _visibility(model: GaussianModel, viewmats: Tensor, Ks: Tensor,
-                sizes: Tensor) -> tuple[Tensor, Tensor]:
-    """Radii [C, N, 2] and visibility [C, N] of every (camera, Gaussian) pair."""
+def visibility(model: GaussianModel, cameras: Sequence[Camera]) -> Visibility:
+    """Which Gaussians each camera keeps: ``project``'s test, without projecting."""
+    viewmats, Ks, sizes = _camera_tensors(list(cameras), model.means)
     factors = covariance_factor(model.quats, model.scales)
     dense = _project_pairs(model.means[None], factors[None], viewmats[:, None], Ks[:, None],
                            sizes[:, None])
-    return _radii_and_visibility(dense, torch.sigmoid(model.opacity_logits), sizes[:, None])
+    return Visibility(*_radii_and_visibility(dense, torch.sigmoid(model.opacity_logits),
+                                             sizes[:, None]))
 
 
-def visible_gaussians(model: GaussianModel, cameras: Sequence[Camera]) -> Tensor:
-    """Bool [N]: the Gaussians ``project`` keeps for at least one of ``cameras``."""
-    return _visibility(model, *_camera_tensors(list(cameras), model.means))[1].any(dim=0)
-
-
-def project(model: GaussianModel, cameras: Sequence[Camera] | Camera) -> Splats:
-    """Project every Gaussian of ``model`` into every camera; keep the visible pairs."""
+def project(model: GaussianModel, cameras: Sequence[Camera] | Camera,
+            seen: Visibility | None = None) -> Splats:
+    """Project every Gaussian of ``model`` into every camera; keep the visible pairs
+    (``seen``, when the caller has already run the test on this model)."""
     if isinstance(cameras, Camera):
         cameras = [cameras]
     cameras = list(cameras)
     viewmats, Ks, sizes = _camera_tensors(cameras, model.means)
-    radii, visible = _visibility(model, viewmats, Ks, sizes)
+    seen = seen or visibility(model, cameras)
+    radii, visible = seen.radii, seen.visible
     camera_ids, gaussian_ids = visible.nonzero(as_tuple=True)
     offsets = [0] + torch.cumsum(torch.bincount(camera_ids, minlength=len(cameras)), 0).tolist()
 

@@ -77,8 +77,8 @@ class DistributedEngine(LocalEngine):
 
     def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
         cameras = [view.camera for view in batch]
-        rows, working = self._working_set(cameras)
-        splats = project(working, cameras)
+        rows, working, seen = self._working_set(cameras)
+        splats = project(working, cameras, seen)
         splats.means2d.retain_grad()
         work = tile_row_work(splats, cameras)
         dist.all_reduce(work)

@@ -30,11 +30,11 @@ from torch import Tensor
 from splatscale.data.cameras import Camera
 from splatscale.engine.local import LocalEngine
 from splatscale.engine.offload.culling import DeviceGeometry, candidates
-from splatscale.engine.offload.host_adam import Advanced, DeferredAdam
+from splatscale.engine.offload.host_adam import DeferredAdam
 from splatscale.engine.offload.pipeline import Update, UpdatePipeline
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import RenderOutput
-from splatscale.render.projection import visible_gaussians
+from splatscale.render.projection import Visibility, visibility
 
 GEOMETRY = ("means", "log_scales", "quats")
 EXACT_TEST = (*GEOMETRY, "opacity_logits")  # what project's visibility test reads
@@ -67,19 +67,21 @@ class OffloadEngine(LocalEngine):
 
     # -- one step ----------------------------------------------------------------------
 
-    def _working_set(self, cameras: list[Camera]) -> tuple[Tensor, GaussianModel]:
-        """The visible rows and, on the device, their current values (with gradient)."""
+    def _working_set(self, cameras: list[Camera]) -> tuple[Tensor, GaussianModel, Visibility]:
+        """The visible rows, on the device their current values (with gradient), and
+        their visibility: the cull, the forwarded values, the exact test."""
         rows = self._candidates(cameras)
         values = self._current(rows)
         tested = {n: values[n].to(self.device) for n in EXACT_TEST}
-        kept = visible_gaussians(self._model({**values, **tested}, rows), cameras).nonzero()[:, 0]
+        seen = visibility(self._model({**values, **tested}, rows), cameras)
+        kept = seen.visible.any(dim=0).nonzero()[:, 0]
         on_device = {n: tested[n][kept] if n in tested else values[n][kept.cpu()].to(self.device)
                      for n in values}
         self.moved_to_device = (sum(tested[n].nbytes for n in tested)
                                 + sum(on_device[n].nbytes for n in on_device if n not in tested))
         self.last_counts = len(rows), len(kept)
         rows = rows[kept.cpu()]
-        return rows, self._model(on_device, rows).requires_grad_(True)
+        return rows, self._model(on_device, rows).requires_grad_(True), seen.of_gaussians(kept)
 
     def _candidates(self, cameras: list[Camera]) -> Tensor:
         """Rows the batch may see, by the device's lagging geometry and drift bound."""
@@ -113,7 +115,12 @@ class OffloadEngine(LocalEngine):
         self.host_adam.log_step(learning_rates, stepped)
         if update is None:
             return
-        self.pipeline.submit(self._with_overdue(update), self.host_adam.advance, self._write)
+        update = self._with_overdue(update)
+        if self.pipeline.forwarding:
+            self.pipeline.submit(update, self.host_adam.advance)
+        else:
+            self.host_adam.update(update.rows, update.grads)
+            self._refresh_geometry(update.rows)
 
     def _with_overdue(self, update: Update) -> Update:
         """``update`` and the rows that must not fall further behind (zero gradient)."""
@@ -125,26 +132,27 @@ class OffloadEngine(LocalEngine):
             grads[name][position] = grad
         return Update(rows, grads)
 
-    def _write(self, advanced: Advanced) -> None:
-        """Store advanced rows on the host, and their geometry on the device."""
-        self.host_adam.write(advanced)
-        rows = advanced.rows.to(self.device)
+    def _refresh_geometry(self, rows: Tensor) -> None:
+        """The device's geometry of ``rows``, just made current on the host."""
+        on_device = rows.to(self.device)
         for name in GEOMETRY:
-            getattr(self.geometry, name).index_copy_(0, rows,
-                                                     advanced.params[name].to(self.device))
-        self.geometry.updated_at[rows] = self.host_adam.step_count
+            getattr(self.geometry, name).index_copy_(
+                0, on_device, getattr(self.model, name).detach()[rows].to(self.device))
+        self.geometry.updated_at[on_device] = self.host_adam.step_count
 
     def _settle(self) -> None:
+        """The in-flight update written to the host arrays and the device geometry."""
         advanced = self.pipeline.settle()
         if advanced is not None:
-            self._write(advanced)
+            self.host_adam.write(advanced)
+            self._refresh_geometry(advanced.rows)
 
     def _bring_current(self) -> None:
         """Every row current in the master arrays (and the device geometry)."""
         self._settle()
         behind = (self.host_adam.updated_at < self.host_adam.step_count).nonzero()[:, 0]
-        if len(behind):
-            self._write(self.host_adam.advance(behind))
+        self.host_adam.update(behind)
+        self._refresh_geometry(behind)
 
     # -- the rest of the contract: LocalEngine's, on caught-up rows ---------------------
 

@@ -111,24 +111,35 @@ class DeferredAdam:
     def advance(self, rows: Tensor, grads: dict[str, Tensor] | None = None) -> Advanced:
         """Rows ``rows`` as dense Adam has them after the latest logged step, whose
         gradient (absent: zero) is ``grads``; the master arrays are only read."""
-        since = self.updated_at[rows].numpy()
-        h = self.adam.hyper(1.0)
         out = Advanced(rows, {}, {}, {})
         for name, param in self.adam.params.items():
-            width = param[0].numel()
-            grad = (grads[name].reshape(len(rows), width) if grads is not None
-                    else torch.zeros(len(rows), width, dtype=param.dtype))
-            new = [torch.empty(len(rows), width, dtype=param.dtype) for _ in range(3)]
-            master = [t.detach().reshape(len(param), width).numpy()
-                      for t in (param, self.adam.exp_avg[name], self.adam.exp_avg_sq[name])]
-            dtype = master[0].dtype
-            adam_replay(*master, rows.numpy(), since, grad.detach().contiguous().numpy(),
-                        self.step_count, *self.logs[name].arrays(dtype),
-                        adam_constants(h.beta1, h.beta2, h.eps, dtype), *(t.numpy() for t in new))
-            shape = (len(rows), *param.shape[1:])
-            out.params[name], out.exp_avg[name], out.exp_avg_sq[name] = (
-                t.view(shape) for t in new)
+            new = [torch.empty((len(rows), *param.shape[1:]), dtype=param.dtype)
+                   for _ in range(3)]
+            self._replay(name, rows, grads, new, torch.arange(len(rows)))
+            out.params[name], out.exp_avg[name], out.exp_avg_sq[name] = new
         return out
+
+    def update(self, rows: Tensor, grads: dict[str, Tensor] | None = None) -> None:
+        """``advance`` written straight into the master arrays: the rows are current."""
+        for name, param in self.adam.params.items():
+            self._replay(name, rows, grads, [param.detach(), self.adam.exp_avg[name],
+                                             self.adam.exp_avg_sq[name]], rows)
+        self.updated_at[rows] = self.step_count
+
+    def _replay(self, name: str, rows: Tensor, grads: dict[str, Tensor] | None,
+                out: list[Tensor], targets: Tensor) -> None:
+        param = self.adam.params[name]
+        width = param[0].numel()
+        as_rows = lambda t: t.detach().reshape(len(t), width).numpy()  # noqa: E731 - views
+        grad = (grads[name] if grads is not None
+                else torch.zeros((len(rows), *param.shape[1:]), dtype=param.dtype))
+        master = [as_rows(t) for t in (param, self.adam.exp_avg[name],
+                                       self.adam.exp_avg_sq[name])]
+        h, dtype = self.adam.hyper(1.0), master[0].dtype
+        adam_replay(*master, rows.numpy(), self.updated_at[rows].numpy(),
+                    as_rows(grad.contiguous()), self.step_count, *self.logs[name].arrays(dtype),
+                    adam_constants(h.beta1, h.beta2, h.eps, dtype), *(as_rows(t) for t in out),
+                    targets.numpy())
 
     @torch.no_grad()
     def write(self, advanced: Advanced) -> None:
@@ -144,9 +155,7 @@ class DeferredAdam:
         return (self.updated_at <= self.step_count - MAX_SKIPPED_STEPS).nonzero()[:, 0]
 
     def catch_up_all(self) -> None:
-        behind = (self.updated_at < self.step_count).nonzero()[:, 0]
-        if len(behind):
-            self.write(self.advance(behind))
+        self.update((self.updated_at < self.step_count).nonzero()[:, 0])
 
     def resized(self, rows: int) -> None:
         """After densification (every row caught up first): all rows current."""

@@ -32,15 +32,12 @@ class Update:
 
 class UpdatePipeline:
     def __init__(self, forwarding: bool) -> None:
+        self.forwarding = forwarding
         self.worker = ThreadPoolExecutor(1, "host-adam") if forwarding else None
         self.in_flight: tuple[Update, Future] | None = None
 
-    def submit(self, update: Update, advance: Callable[[Tensor, dict], Advanced],
-               write: Callable[[Advanced], None]) -> None:
-        """Apply ``update``: now (no forwarding), or in the worker until ``settle``."""
-        if self.worker is None:
-            write(advance(update.rows, update.grads))
-            return
+    def submit(self, update: Update, advance: Callable[[Tensor, dict], Advanced]) -> None:
+        """Compute ``advance(update)`` in the worker until ``settle``."""
         self.in_flight = update, self.worker.submit(advance, update.rows, update.grads)
 
     def gradients_for(self, rows: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor] | None:
