@@ -123,31 +123,35 @@ def use_threads(threads: int) -> None:
 
 
 def _train(args: Namespace, ranks: group.Ranks | None) -> None:
-    folder, config, scene, store = _checked_inputs(args)
-    writes = ranks is None or ranks.rank == 0
-    options = RunOptions(args.output, args.eval, args.eval_every, list(args.save_at),
-                         args.checkpoint_every, progress=writes and not args.quiet,
-                         writes=writes)
-    make_engine = _single_engine(args)
-    if ranks is not None:
-        group.join(ranks)
-        make_engine = partial(_distributed_engine, ranks, args)
-    trainer = Trainer(scene, store, config, options, make_engine=make_engine)
-    with folder.lock() if writes else nullcontext():
-        if args.resume:
-            trainer.resume(folder.checkpoint)
+    try:
+        folder, config, scene, store = _checked_inputs(args)
+        writes = ranks is None or ranks.rank == 0
+        options = RunOptions(args.output, args.eval, args.eval_every, list(args.save_at),
+                             args.checkpoint_every, progress=writes and not args.quiet,
+                             writes=writes)
+        make_engine = _single_engine(args)
+        if ranks is not None:
+            group.join(ranks)
+            make_engine = partial(_distributed_engine, ranks, args)
+        trainer = Trainer(scene, store, config, options, make_engine=make_engine)
+        with folder.lock() if writes else nullcontext():
+            if args.resume:
+                trainer.resume(folder.checkpoint)
+                if writes:
+                    folder.truncate_metrics(trainer.images_seen)
+            elif writes:
+                folder.clear_previous_run()
             if writes:
-                folder.truncate_metrics(trainer.images_seen)
-        elif writes:
-            folder.clear_previous_run()
+                write_json(args.output / "config.json", {
+                    **config.to_dict(), "data": str(scene.source), "eval": args.eval,
+                    "resolution": args.resolution, "max_width": args.max_width,
+                    "world_size": ranks.world if ranks else 1})
+            report = trainer.run()
         if writes:
-            write_json(args.output / "config.json", {
-                **config.to_dict(), "data": str(scene.source), "eval": args.eval,
-                "resolution": args.resolution, "max_width": args.max_width,
-                "world_size": ranks.world if ranks else 1})
-        report = trainer.run()
-    if writes:
-        print(json.dumps(report))
+            print(json.dumps(report))
+    finally:
+        if ranks is not None:
+            group.leave()
 
 
 def _fixed_cost(args: Namespace) -> RowCost | None:

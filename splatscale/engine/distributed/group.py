@@ -48,6 +48,13 @@ def join(ranks: Ranks) -> None:
     dist.barrier()
 
 
+def leave() -> None:
+    """Leave the group, so that gloo's threads end while Python can still free the
+    tensors their last collectives hold (at exit they would abort the process)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def threads_per_rank(local_world: int) -> int:
     return max(1, (os.cpu_count() or 1) // local_world)
 
