@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from splatscale.render import cpu_kernels
+from splatscale.render import cpu_kernels, cuda_backend
 from splatscale.render.binning import TileBins, bin_tiles
 from splatscale.render.projection import Splats
 
@@ -114,18 +114,25 @@ def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | N
     """Render pixel rows ``[y0, y1)`` (default: all) of one camera's splats.
 
     The band's pixels and gradients equal those rows of a full render: tiles
-    stay on the image's 16x16 grid whatever the band.
+    stay on the image's 16x16 grid whatever the band. CUDA tensors are
+    composited by gsplat's kernels (``cuda_backend``), the others by numba's.
     """
     y0, y1 = rows if rows is not None else (0, height)
     if not 0 <= y0 < y1 <= height:
         raise ValueError(f"rows {rows} are not a band of an image {height} pixels high")
     if len(splats.camera_offsets) != 2:
         raise ValueError("rasterize takes the splats of one camera: use Splats.of_camera(i)")
-    dtype = splats.means2d.dtype
-    if background is None:
-        background = torch.zeros(3, dtype=dtype)
-    bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, width, (y0, y1))
-    rgb, depth_sum, alpha = composite(splats.means2d, splats.conics, splats.colors,
-                                      splats.depths, splats.opacities, background.to(dtype),
-                                      splats.radii, bins, width, (y0, y1))
+    dtype, device = splats.means2d.dtype, splats.means2d.device
+    background = (torch.zeros(3, dtype=dtype, device=device) if background is None
+                  else background.to(dtype=dtype, device=device))
+    if device.type == "cuda":
+        rgb, depth_sum, alpha = cuda_backend.composite(
+            splats.means2d, splats.conics, splats.colors, splats.depths, splats.opacities,
+            splats.radii, splats.keys, background, width, (y0, y1), cuda_backend.cuda_kernels())
+    else:
+        bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, width,
+                         (y0, y1))
+        rgb, depth_sum, alpha = composite(splats.means2d, splats.conics, splats.colors,
+                                          splats.depths, splats.opacities, background,
+                                          splats.radii, bins, width, (y0, y1))
     return RenderOutput(rgb, alpha, depth_sum / torch.clamp_min(alpha, DEPTH_EPS), (y0, y1))

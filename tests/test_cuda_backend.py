@@ -1,0 +1,141 @@
+"""The cuda backend's compositing: its own code on the CPU (gsplat's pure-torch kernels
+in place of the CUDA ones) against the cpu backend, and on a GPU when there is one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from splatscale.render import project, rasterize
+from splatscale.render.binning import bin_tiles
+from splatscale.render.conventions import ALPHA_MAX, ALPHA_MIN, T_MIN
+from splatscale.render.cuda_backend import Kernels, composite
+from splatscale.render.rasterize import composite as cpu_composite
+from tests.conftest import orbit_cameras, random_model
+
+WIDTH, HEIGHT = 45, 37  # not multiples of 16
+
+
+def rasterize_to_pixels(means2d, conics, colors, opacities, width, height, tile_size, offsets,
+                        flatten_ids, backgrounds):
+    """A pure-torch stand-in for gsplat's CUDA ``rasterize_to_pixels`` (one image),
+    following its kernel: each pixel takes its tile's splats in the given order,
+    alpha = min(0.999, opacity exp(-sigma)), skips alpha < 1/255, and stops before
+    the transmittance would reach 1e-4."""
+    channels = colors.shape[-1]
+    ends = torch.cat([offsets.flatten()[1:], torch.tensor([len(flatten_ids)])])
+    image = torch.zeros(height, width, channels, dtype=colors.dtype)
+    alphas = torch.zeros(height, width, 1, dtype=colors.dtype)
+    rows = []
+    for tile, (start, end) in enumerate(zip(offsets.flatten().tolist(), ends.tolist())):
+        ty, tx = divmod(tile, offsets.shape[-1])
+        ys, xs = torch.meshgrid(torch.arange(ty * tile_size, min(height, (ty + 1) * tile_size)),
+                                torch.arange(tx * tile_size, min(width, (tx + 1) * tile_size)),
+                                indexing="ij")
+        ys, xs = ys.flatten(), xs.flatten()
+        ids = flatten_ids[start:end]
+        d = torch.stack([xs + 0.5, ys + 0.5], -1)[:, None].to(colors.dtype) - means2d[0, ids]
+        a, b, c = conics[0, ids].unbind(-1)
+        sigma = 0.5 * (a * d[..., 0] ** 2 + c * d[..., 1] ** 2) + b * d[..., 0] * d[..., 1]
+        alpha = torch.clamp_max(opacities[0, ids] * torch.exp(-sigma), ALPHA_MAX)
+        alpha = torch.where((sigma >= 0) & (alpha >= ALPHA_MIN), alpha, torch.zeros_like(alpha))
+        before = torch.cumprod(torch.cat([torch.ones_like(alpha[:, :1]), 1 - alpha], 1), 1)
+        alive = torch.cumprod((before[:, 1:] > T_MIN).to(alpha.dtype), 1)  # stop for good
+        weights = alive * alpha * before[:, :-1]
+        rows.append((ys, xs, weights @ colors[0, ids], (weights.sum(1))))
+    for ys, xs, rgb, alpha in rows:
+        image = image.index_put((ys, xs), rgb)
+        alphas = alphas.index_put((ys, xs), alpha[:, None])
+    return (image + (1 - alphas) * backgrounds[0])[None], alphas[None]
+
+
+def isect_tiles(means2d, radii, depths, tile_size, tiles_x, tiles_y):
+    """gsplat's pure-torch intersections, sorted stably as its CUDA radix sort sorts
+    them (its own torch sort is not stable: equal depths would fall in any order)."""
+    from gsplat.cuda import _torch_impl
+    per_splat, ids, flatten_ids = _torch_impl._isect_tiles(means2d, radii, depths, tile_size,
+                                                           tiles_x, tiles_y, sort=False)
+    order = torch.sort(ids, stable=True).indices
+    return per_splat, ids[order], flatten_ids[order]
+
+
+def reference_kernels() -> Kernels:
+    from gsplat.cuda import _torch_impl
+    return Kernels(isect_tiles, _torch_impl._isect_offset_encode, rasterize_to_pixels)
+
+
+def one_view(seed: int, dtype=torch.float64):
+    camera = orbit_cameras(3, WIDTH, HEIGHT, dtype=dtype)[seed % 3]
+    with torch.no_grad():
+        splats = project(random_model(120, seed=seed, dtype=dtype), [camera]).of_camera(0)
+    inputs = {name: getattr(splats, name).detach().clone().requires_grad_(True)
+              for name in ("means2d", "conics", "colors", "depths", "opacities")}
+    return splats, inputs
+
+
+def render_both(splats, inputs, rows, background):
+    """rgb, depth sum and alpha of the cuda backend's code and of the cpu backend."""
+    ours = composite(inputs["means2d"], inputs["conics"], inputs["colors"], inputs["depths"],
+                     inputs["opacities"], splats.radii, splats.keys, background, WIDTH, rows,
+                     reference_kernels())
+    bins = bin_tiles(splats.means2d, splats.radii, inputs["depths"].detach(), splats.keys, WIDTH,
+                     rows)
+    theirs = cpu_composite(inputs["means2d"], inputs["conics"], inputs["colors"],
+                           inputs["depths"], inputs["opacities"], background, splats.radii,
+                           bins, WIDTH, rows)
+    return ours, theirs
+
+
+def gradients(outputs, inputs) -> dict:
+    weights = torch.Generator().manual_seed(1)
+    loss = sum((o * torch.rand(o.shape, generator=weights, dtype=o.dtype)).sum()
+               for o in outputs)
+    return dict(zip(inputs, torch.autograd.grad(loss, list(inputs.values()),
+                                                allow_unused=True)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("rows", [(0, HEIGHT), (5, 29)])
+def test_cuda_compositing_code_equals_the_cpu_backend(seed, rows):
+    splats, inputs = one_view(seed)
+    background = torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)
+    ours, theirs = render_both(splats, inputs, rows, background)
+    for a, b, name in zip(ours, theirs, ("rgb", "depth sum", "alpha")):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)
+    ours_grad, theirs_grad = gradients(ours, inputs), gradients(theirs, inputs)
+    for name in ("means2d", "conics", "colors", "opacities", "depths"):
+        torch.testing.assert_close(ours_grad[name], theirs_grad[name], rtol=1e-7, atol=1e-10,
+                                   msg=name)
+
+
+def test_a_band_equals_those_rows_of_the_full_render():
+    splats, inputs = one_view(4)
+    background = torch.zeros(3, dtype=torch.float64)
+    kernels = reference_kernels()
+    args = [inputs[n] for n in ("means2d", "conics", "colors", "depths", "opacities")]
+    full = composite(*args, splats.radii, splats.keys, background, WIDTH, (0, HEIGHT), kernels)
+    band = composite(*args, splats.radii, splats.keys, background, WIDTH, (11, 27), kernels)
+    for whole, part in zip(full, band):
+        torch.testing.assert_close(part, whole[11:27], rtol=1e-12, atol=0)
+
+
+def test_equal_depths_are_composited_in_key_order():
+    splats, inputs = one_view(5)
+    inputs["depths"] = torch.full_like(inputs["depths"], 3.0)  # every pair a tie
+    splats.keys = torch.randperm(len(splats), generator=torch.Generator().manual_seed(0))
+    background = torch.zeros(3, dtype=torch.float64)
+    ours, theirs = render_both(splats, inputs, (0, HEIGHT), background)
+    torch.testing.assert_close(ours[0], theirs[0], rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gsplat_kernels_on_the_gpu_equal_the_cpu_backend():
+    camera = orbit_cameras(1, 64, 48, dtype=torch.float32)[0]
+    model = random_model(500, seed=7, dtype=torch.float32)
+    cpu = rasterize(project(model, [camera]).of_camera(0), 64, 48)
+    gpu_model = model.to(device="cuda")
+    gpu_camera = type(camera)(camera.viewmat.cuda(), camera.K.cuda(), 64, 48)
+    gpu = rasterize(project(gpu_model, [gpu_camera]).of_camera(0), 64, 48)
+    torch.testing.assert_close(gpu.rgb.cpu(), cpu.rgb, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(gpu.alpha.cpu(), cpu.alpha, rtol=1e-4, atol=1e-4)
