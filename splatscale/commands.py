@@ -46,7 +46,9 @@ def _store(args: Namespace, scene, white_background: bool = False) -> ImageStore
 
 def _check_device(device: str) -> None:
     if device == "cuda":
-        raise SplatscaleError("the cuda render backend is not built yet; train with --device cpu")
+        raise SplatscaleError("--device cuda: training on CUDA is not available yet (the "
+                              "renderer composites CUDA tensors, the engines do not move "
+                              "there); train with --device cpu")
 
 
 # Flags that are settings of the run: on --resume the checkpoint's values hold.
