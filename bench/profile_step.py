@@ -1,0 +1,129 @@
+"""Where one CPU training step's time goes, by stage; prints one JSON line.
+
+A step of ``LocalEngine`` at B = 1 (the Trainer's step, taken apart with the
+same calls), timed stage by stage, median of ``--steps`` steps after a
+warm-up, for snowmiku's SfM points jittered up to each model size in
+``--sizes``, at full and half resolution:
+
+image (fetch and convert the target), projection (forward), binning,
+compositing (forward), loss (forward), loss backward, compositing backward,
+projection backward, statistics (densification's view-space gradient norms),
+adam, and ``step`` (the whole step as ``LocalEngine`` runs it, separately);
+``overhead`` is ``step`` minus the stages' sum (can be below zero: the stages
+are timed one by one, with synchronisation points the step does not have).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+from scipy.spatial import cKDTree
+
+from splatscale.data.colmap import read_colmap
+from splatscale.data.images import ImageStore
+from splatscale.engine import TrainView
+from splatscale.engine.local import LocalEngine
+from splatscale.model import init_from_points
+from splatscale.render import project
+from splatscale.render.binning import bin_tiles
+from splatscale.render.rasterize import composite
+from splatscale.step.loss import photometric_loss
+
+from scenes import DATA
+
+RATES = {"means": 1.6e-4, "sh0": 2.5e-3, "shN": 1.25e-4, "opacity_logits": 0.05,
+         "log_scales": 5e-3, "quats": 1e-3}
+SPLAT_INPUTS = ("means2d", "conics", "colors", "depths", "opacities")
+
+
+def jittered(points: np.ndarray, colors: np.ndarray, count: int, seed: int = 0):
+    """The SfM points, each copied with a jitter of its nearest-neighbour distance."""
+    if count <= len(points):
+        return points[:count], colors[:count]
+    rng = np.random.default_rng(seed)
+    spacing = cKDTree(points).query(points, k=2)[0][:, 1]
+    copies = rng.integers(0, len(points), count - len(points))
+    return (np.concatenate([points, points[copies] + rng.normal(size=(len(copies), 3))
+                            * spacing[copies, None]]),
+            np.concatenate([colors, colors[copies]]))
+
+
+class Stages:
+    def __init__(self) -> None:
+        self.times: dict[str, list[float]] = defaultdict(list)
+
+    def run(self, name: str, call):
+        start = time.perf_counter()
+        out = call()
+        self.times[name].append(1e3 * (time.perf_counter() - start))
+        return out
+
+
+def staged_step(engine: LocalEngine, store: ImageStore, index: int, stages: Stages) -> None:
+    """One step, stage by stage (the engine's own calls, taken apart)."""
+    camera = store.camera(index)
+    target = stages.run("image", lambda: store.as_float(index))
+    splats = stages.run("projection", lambda: project(engine.model, [camera]).of_camera(0))
+    splats.means2d.retain_grad()
+    rows = (0, camera.height)
+    bins = stages.run("binning", lambda: bin_tiles(splats.means2d, splats.radii, splats.depths,
+                                                   splats.keys, camera.width, rows))
+    rgb, _, _ = stages.run("compositing", lambda: composite(
+        *(getattr(splats, n) for n in SPLAT_INPUTS), engine.background, splats.radii, bins,
+        camera.width, rows))
+    loss = stages.run("loss", lambda: photometric_loss(rgb, target, engine.ssim_weight))
+    rgb_grad, = stages.run("loss_backward", lambda: torch.autograd.grad(loss, rgb))
+    inputs = [getattr(splats, n) for n in SPLAT_INPUTS]
+    # The graph is kept: these inputs are views of the projection's outputs.
+    grads = stages.run("compositing_backward",
+                       lambda: torch.autograd.grad(rgb, inputs, rgb_grad, allow_unused=True,
+                                                   retain_graph=True))
+    used = [(t, g) for t, g in zip(inputs, grads) if g is not None]
+    stages.run("projection_backward",
+               lambda: torch.autograd.backward([t for t, _ in used], [g for _, g in used]))
+    batch = [TrainView(camera, target)]
+    stages.run("statistics", lambda: engine._track(splats, batch, splats.gaussian_ids))
+    stages.run("adam", lambda: engine.optimizer_step(RATES))
+
+
+def profile(store: ImageStore, model, steps: int) -> dict:
+    engine = LocalEngine(model.detach(), 1, torch.zeros(3))
+    stages = Stages()
+    views = list(range(len(store)))
+    for step in range(steps + 2):  # two warm-up steps
+        staged_step(engine, store, views[step % len(views)], stages)
+        index = views[(step + 1) % len(views)]
+        batch = [TrainView(store.camera(index), store.as_float(index))]
+        stages.run("step", lambda: (engine.forward_backward(batch, track_stats=True),
+                                    engine.optimizer_step(RATES)))
+    medians = {name: statistics.median(t[2:]) for name, t in stages.times.items()}
+    medians["overhead"] = medians["step"] - sum(v for n, v in medians.items() if n != "step")
+    return {name: round(value, 2) for name, value in medians.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[25_784, 100_000, 300_000])
+    parser.add_argument("--resolutions", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args()
+    scene = read_colmap(DATA / "snowmiku")
+    runs = []
+    for size in args.sizes:
+        model = init_from_points(*jittered(scene.points, scene.colors, size))
+        for resolution in args.resolutions:
+            store = ImageStore(scene, resolution=resolution, background=scene.background)
+            camera = store.camera(0)
+            runs.append({"gaussians": len(model), "width": camera.width,
+                         "height": camera.height, "ms": profile(store, model, args.steps)})
+    print(json.dumps({"scene": "snowmiku", "runs": runs}))
+
+
+if __name__ == "__main__":
+    main()
