@@ -11,7 +11,7 @@ from splatscale.model.gaussians import SH_REST, GaussianModel
 from splatscale.model.init import nearest_neighbour_scales
 from splatscale.render import project
 from splatscale.render.sh import sh_to_color
-from tests.conftest import data_path
+from tests.conftest import data_path, orbit_cameras, random_model
 
 gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl",
                                    reason="gsplat==1.5.3 (test extra) is the reference")
@@ -102,3 +102,52 @@ def test_sh_colors_match_gsplat(garden, degree):
     expected = torch.clamp_min(gsplat_torch._spherical_harmonics(degree, dirs, coeffs) + 0.5, 0)
     torch.testing.assert_close(splats.colors, expected, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(sh_to_color(coeffs, dirs), expected, rtol=1e-10, atol=1e-12)
+
+
+def pairs_of(model, cameras):
+    from splatscale.render.projection import _camera_tensors, visibility
+    viewmats, Ks, sizes = _camera_tensors(cameras, model.means)
+    camera_ids, gaussian_ids = visibility(model, cameras).visible.nonzero(as_tuple=True)
+    return gaussian_ids, camera_ids, viewmats, Ks, sizes
+
+
+@pytest.fixture(scope="module")
+def wide_scene():
+    """Large Gaussians well outside the views too, so that the frustum clamp holds some
+    of the visible pairs."""
+    model = random_model(400, seed=9, spread=3.0, log_scale=(-1.5, 0.3))
+    return model, orbit_cameras(3, 45, 37, radius=3.0)
+
+
+def test_projection_kernels_equal_the_torch_projection(wide_scene):
+    from splatscale.render.projection import _EwaPairs, _ewa_pairs
+    model, cameras = wide_scene
+    gaussian_ids, camera_ids, viewmats, Ks, sizes = pairs_of(model, cameras)
+    leaves = [t.detach().clone().requires_grad_(True)
+              for t in (model.means, model.quats, model.log_scales)]
+    ours = _EwaPairs.apply(*leaves, gaussian_ids, camera_ids, viewmats, Ks, sizes)
+    reference = _ewa_pairs(*(t[gaussian_ids] for t in leaves), viewmats[camera_ids],
+                           Ks[camera_ids], sizes[camera_ids])
+    for a, b in zip(ours, reference):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    weights = torch.Generator().manual_seed(0)
+    upstream = [torch.randn(t.shape, generator=weights, dtype=t.dtype) for t in ours]
+    for a, b in zip(*(torch.autograd.grad(sum((o * u).sum() for o, u in zip(out, upstream)),
+                                          leaves) for out in (ours, reference))):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    # The clamp must have held some pairs, or its branch of the backward went untested.
+    x, _, z = (viewmats[camera_ids, :3, :3] @ model.means[gaussian_ids, :, None]
+               + viewmats[camera_ids, :3, 3:])[..., 0].unbind(-1)
+    assert ((x / z).abs() > 1.3 * 0.5 * 45 / Ks[camera_ids, 0, 0]).sum() > 10
+
+
+def test_projection_kernels_pass_gradcheck(wide_scene):
+    from splatscale.render.projection import _EwaPairs
+    model, cameras = wide_scene
+    small = GaussianModel(**{n: t[:40].detach().clone() for n, t in model.parameters().items()},
+                          sh_degree=model.sh_degree)
+    gaussian_ids, camera_ids, viewmats, Ks, sizes = pairs_of(small, cameras)
+    leaves = [t.detach().clone().requires_grad_(True)
+              for t in (small.means, small.quats, small.log_scales)]
+    assert torch.autograd.gradcheck(
+        lambda *p: _EwaPairs.apply(*p, gaussian_ids, camera_ids, viewmats, Ks, sizes), leaves)

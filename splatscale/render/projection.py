@@ -17,6 +17,8 @@ from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FRUSTUM_CLAMP,
                                            NEAR_PLANE, RADIUS_SIGMAS)
+from splatscale.render import projection_kernels
+from splatscale.render.cpu_kernels import sum_per_splat
 from splatscale.render.sh import sh_to_color
 
 
@@ -168,6 +170,48 @@ class Visibility:
         return Visibility(self.radii[:, rows], self.visible[:, rows])
 
 
+def _ewa_pairs(means: Tensor, quats: Tensor, log_scales: Tensor, viewmats: Tensor, Ks: Tensor,
+               sizes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """means2d, conics and depths of pairs, in torch: the reference of ``_EwaPairs``."""
+    factors = covariance_factor(quats, torch.exp(log_scales))
+    proj = _project_pairs(means, factors, viewmats, Ks, sizes)
+    cxx, cxy, cyy = proj.cov2d.unbind(-1)
+    det = cxx * cyy - cxy * cxy
+    return proj.means2d, torch.stack([cyy / det, -cxy / det, cxx / det], dim=-1), proj.depths
+
+
+class _EwaPairs(torch.autograd.Function):
+    """``_ewa_pairs`` of the pairs (gaussian_ids, camera_ids), by numba kernels: one
+    pass over the pairs each way, only the inputs saved."""
+
+    @staticmethod
+    def forward(ctx, means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes):
+        count, dtype = len(gaussian_ids), means.dtype
+        means2d, conics = torch.empty(count, 2, dtype=dtype), torch.empty(count, 3, dtype=dtype)
+        depths = torch.empty(count, dtype=dtype)
+        inputs = [t.detach().contiguous() for t in (means, quats, log_scales, gaussian_ids,
+                                                    camera_ids, viewmats, Ks, sizes)]
+        projection_kernels.project_forward(*(t.numpy() for t in inputs), means2d.numpy(),
+                                           conics.numpy(), depths.numpy())
+        ctx.save_for_backward(*inputs)
+        return means2d, conics, depths
+
+    @staticmethod
+    def backward(ctx, v_means2d, v_conics, v_depths):
+        inputs = ctx.saved_tensors
+        means, gaussian_ids = inputs[0], inputs[3]
+        rows = torch.empty(len(gaussian_ids), projection_kernels.GRAD_WIDTH, dtype=means.dtype)
+        zero = torch.zeros((), dtype=means.dtype)
+        grads = [(g if g is not None else zero.expand(shape)).contiguous().numpy()
+                 for g, shape in ((v_means2d, (len(rows), 2)), (v_conics, (len(rows), 3)),
+                                  (v_depths, (len(rows),)))]
+        projection_kernels.project_backward(*(t.numpy() for t in inputs), *grads, rows.numpy())
+        per_gaussian = torch.zeros(len(means), projection_kernels.GRAD_WIDTH, dtype=means.dtype)
+        sum_per_splat(gaussian_ids.numpy(), rows.numpy(), per_gaussian.numpy())
+        v_means, v_quats, v_log_scales = per_gaussian.split([3, 4, 3], dim=1)
+        return v_means, v_quats, v_log_scales, None, None, None, None, None
+
+
 @torch.no_grad()
 def visibility(model: GaussianModel, cameras: Sequence[Camera]) -> Visibility:
     """Which Gaussians each camera keeps: ``project``'s test, without projecting."""
@@ -201,18 +245,20 @@ def project(model: GaussianModel, cameras: Sequence[Camera] | Camera,
         return t.index_select(0, camera_ids)
 
     means = per_gaussian(model.means)
-    factors = covariance_factor(per_gaussian(model.quats), torch.exp(per_gaussian(model.log_scales)))
-    proj = _project_pairs(means, factors, per_camera(viewmats), per_camera(Ks), per_camera(sizes))
-    cxx, cxy, cyy = proj.cov2d.unbind(-1)
-    det = cxx * cyy - cxy * cxy
-    conics = torch.stack([cyy / det, -cxy / det, cxx / det], dim=-1)
+    if model.means.device.type == "cpu":
+        means2d, conics, depths = _EwaPairs.apply(model.means, model.quats, model.log_scales,
+                                                  gaussian_ids, camera_ids, viewmats, Ks, sizes)
+    else:
+        means2d, conics, depths = _ewa_pairs(means, per_gaussian(model.quats),
+                                             per_gaussian(model.log_scales), per_camera(viewmats),
+                                             per_camera(Ks), per_camera(sizes))
     used = (model.sh_degree + 1) ** 2 - 1
     coeffs = torch.cat([per_gaussian(model.sh0), per_gaussian(model.shN[:, :used])], dim=1)
     view_dirs = None
     if model.sh_degree > 0:
         centers = -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
         view_dirs = means - per_camera(centers)
-    return Splats(camera_ids, gaussian_ids, proj.means2d, conics, proj.depths,
+    return Splats(camera_ids, gaussian_ids, means2d, conics, depths,
                   radii[camera_ids, gaussian_ids], sh_to_color(coeffs, view_dirs),
                   torch.sigmoid(per_gaussian(model.opacity_logits)), per_gaussian(model.keys),
                   offsets, cameras)
