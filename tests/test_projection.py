@@ -151,3 +151,21 @@ def test_projection_kernels_pass_gradcheck(wide_scene):
               for t in (small.means, small.quats, small.log_scales)]
     assert torch.autograd.gradcheck(
         lambda *p: _EwaPairs.apply(*p, gaussian_ids, camera_ids, viewmats, Ks, sizes), leaves)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_visibility_kernel_equals_the_torch_test(wide_scene, dtype):
+    from splatscale.render.projection import (_camera_tensors, _visibility_kernel,
+                                              _visibility_torch)
+    model, cameras = wide_scene
+    model = GaussianModel(**{n: t.detach().to(dtype).clone() for n, t in
+                             model.parameters().items()})
+    model.opacity_logits[::7] = -6.0  # below 1/255: culled whatever the box
+    tensors = (model.means, model.quats, model.log_scales, model.opacity_logits,
+               *_camera_tensors(cameras, model.means))
+    ours, reference = _visibility_kernel(*tensors), _visibility_torch(*tensors)
+    assert torch.equal(ours.visible, reference.visible)
+    assert 0 < int(ours.visible.sum()) < ours.visible.numel()
+    torch.testing.assert_close(ours.radii[ours.visible], reference.radii[reference.visible],
+                               rtol=0, atol=1)  # ceil of values rounded differently
+    assert (ours.radii[ours.visible] == reference.radii[reference.visible]).float().mean() > 0.99

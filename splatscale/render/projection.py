@@ -214,13 +214,31 @@ class _EwaPairs(torch.autograd.Function):
 
 @torch.no_grad()
 def visibility(model: GaussianModel, cameras: Sequence[Camera]) -> Visibility:
-    """Which Gaussians each camera keeps: ``project``'s test, without projecting."""
-    viewmats, Ks, sizes = _camera_tensors(list(cameras), model.means)
-    factors = covariance_factor(model.quats, model.scales)
-    dense = _project_pairs(model.means[None], factors[None], viewmats[:, None], Ks[:, None],
+    """Which Gaussians each camera keeps: ``project``'s test, without projecting
+    (numba kernels on the CPU, torch elsewhere)."""
+    tensors = (model.means, model.quats, model.log_scales, model.opacity_logits,
+               *_camera_tensors(list(cameras), model.means))
+    if model.means.device.type == "cpu":
+        return _visibility_kernel(*tensors)
+    return _visibility_torch(*tensors)
+
+
+def _visibility_torch(means: Tensor, quats: Tensor, log_scales: Tensor, opacity_logits: Tensor,
+                      viewmats: Tensor, Ks: Tensor, sizes: Tensor) -> Visibility:
+    factors = covariance_factor(quats, torch.exp(log_scales))
+    dense = _project_pairs(means[None], factors[None], viewmats[:, None], Ks[:, None],
                            sizes[:, None])
-    return Visibility(*_radii_and_visibility(dense, torch.sigmoid(model.opacity_logits),
+    return Visibility(*_radii_and_visibility(dense, torch.sigmoid(opacity_logits),
                                              sizes[:, None]))
+
+
+def _visibility_kernel(*tensors: Tensor) -> Visibility:
+    cameras, count = len(tensors[4]), len(tensors[0])
+    radii = torch.empty(cameras, count, 2, dtype=torch.int32)
+    visible = torch.empty(cameras, count, dtype=torch.bool)
+    projection_kernels.visibility(*(t.detach().contiguous().numpy() for t in tensors),
+                                  radii.numpy(), visible.numpy())
+    return Visibility(radii, visible)
 
 
 def project(model: GaussianModel, cameras: Sequence[Camera] | Camera,

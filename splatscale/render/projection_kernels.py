@@ -24,7 +24,8 @@ import numba
 import numpy as np
 from numba import prange
 
-from splatscale.render.conventions import EPS2D, FRUSTUM_CLAMP
+from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FRUSTUM_CLAMP,
+                                           NEAR_PLANE, RADIUS_SIGMAS)
 
 GRAD_WIDTH = 10  # d/d means (3), quats (4), log-scales (3)
 
@@ -175,3 +176,37 @@ def project_backward(means, quats, log_scales, gaussian_ids, camera_ids, viewmat
         rows[i, 4] = (v_qx - qx * along) / norm
         rows[i, 5] = (v_qy - qy * along) / norm
         rows[i, 6] = (v_qz - qz * along) / norm
+
+
+@numba.njit(parallel=True, nogil=True, cache=True)
+def visibility(means, quats, log_scales, opacity_logits, viewmats, Ks, sizes,
+               radii, visible):  # pragma: no cover - compiled
+    """``projection._radii_and_visibility`` of every (camera, Gaussian) pair: the box's
+    radii [C, N, 2] (0 where invisible) and the test [C, N]."""
+    for g in prange(means.shape[0]):
+        _, _, _, _, _, rot = _rotation(quats[g])
+        opacity = 1.0 / (1.0 + math.exp(-opacity_logits[g]))
+        sigmas = min(RADIUS_SIGMAS, math.sqrt(2 * math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)))
+        for c in range(viewmats.shape[0]):
+            view, K = viewmats[c], Ks[c]
+            width, height = sizes[c, 0], sizes[c, 1]
+            x, y, z = _camera_point(means[g], view)
+            radii[c, g, 0], radii[c, g, 1], visible[c, g] = 0, 0, False
+            if not (NEAR_PLANE < z < FAR_PLANE) or opacity < ALPHA_MIN:
+                continue
+            jw, _, _, _, _ = _jw_rows(view, x, y, z, K, width, height)
+            b = np.zeros((2, 3), means.dtype)
+            for k in range(3):
+                s = math.exp(log_scales[g, k])
+                for r in range(2):
+                    b[r, k] = (jw[r, 0] * rot[k] + jw[r, 1] * rot[3 + k]
+                               + jw[r, 2] * rot[6 + k]) * s
+            a = b[0, 0] * b[0, 0] + b[0, 1] * b[0, 1] + b[0, 2] * b[0, 2] + EPS2D
+            bb = b[0, 0] * b[1, 0] + b[0, 1] * b[1, 1] + b[0, 2] * b[1, 2]
+            cc = b[1, 0] * b[1, 0] + b[1, 1] * b[1, 1] + b[1, 2] * b[1, 2] + EPS2D
+            rx, ry = math.ceil(sigmas * math.sqrt(a)), math.ceil(sigmas * math.sqrt(cc))
+            mx = K[0, 0] * x / z + K[0, 2]
+            my = K[1, 1] * y / z + K[1, 2]
+            if (a * cc - bb * bb > 0 and (rx > 0 or ry > 0) and mx + rx > 0
+                    and mx - rx < width and my + ry > 0 and my - ry < height):
+                radii[c, g, 0], radii[c, g, 1], visible[c, g] = rx, ry, True
