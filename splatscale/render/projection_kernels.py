@@ -75,6 +75,22 @@ def _jw_rows(view, x, y, z, K, width, height):  # pragma: no cover - compiled
     return jw, tx, ty, held_x, held_y
 
 
+@numba.njit(inline="always")
+def _cov2d(jw, rot, log_scale):  # pragma: no cover - compiled
+    """b = (J W) M row by row, the scales, and cov2d = (a, bb, cc) with eps2d."""
+    scale = np.empty(3, jw.dtype)
+    b = np.zeros((2, 3), jw.dtype)
+    for k in range(3):
+        scale[k] = math.exp(log_scale[k])
+        for r in range(2):
+            b[r, k] = (jw[r, 0] * rot[k] + jw[r, 1] * rot[3 + k]
+                       + jw[r, 2] * rot[6 + k]) * scale[k]
+    a = b[0, 0] * b[0, 0] + b[0, 1] * b[0, 1] + b[0, 2] * b[0, 2] + EPS2D
+    bb = b[0, 0] * b[1, 0] + b[0, 1] * b[1, 1] + b[0, 2] * b[1, 2]
+    cc = b[1, 0] * b[1, 0] + b[1, 1] * b[1, 1] + b[1, 2] * b[1, 2] + EPS2D
+    return b, scale, a, bb, cc
+
+
 @numba.njit(parallel=True, nogil=True, cache=True)
 def project_forward(means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes,
                     means2d, conics, depths):  # pragma: no cover - compiled
@@ -84,14 +100,7 @@ def project_forward(means, quats, log_scales, gaussian_ids, camera_ids, viewmats
         x, y, z = _camera_point(means[g], view)
         jw, _, _, _, _ = _jw_rows(view, x, y, z, K, sizes[c, 0], sizes[c, 1])
         _, _, _, _, _, rot = _rotation(quats[g])
-        b = np.zeros((2, 3), means.dtype)
-        for k in range(3):
-            s = math.exp(log_scales[g, k])
-            for r in range(2):
-                b[r, k] = (jw[r, 0] * rot[k] + jw[r, 1] * rot[3 + k] + jw[r, 2] * rot[6 + k]) * s
-        a = b[0, 0] * b[0, 0] + b[0, 1] * b[0, 1] + b[0, 2] * b[0, 2] + EPS2D
-        bb = b[0, 0] * b[1, 0] + b[0, 1] * b[1, 1] + b[0, 2] * b[1, 2]
-        cc = b[1, 0] * b[1, 0] + b[1, 1] * b[1, 1] + b[1, 2] * b[1, 2] + EPS2D
+        _, _, a, bb, cc = _cov2d(jw, rot, log_scales[g])
         det = a * cc - bb * bb
         conics[i, 0], conics[i, 1], conics[i, 2] = cc / det, -bb / det, a / det
         means2d[i, 0] = K[0, 0] * x / z + K[0, 2]
@@ -110,16 +119,7 @@ def project_backward(means, quats, log_scales, gaussian_ids, camera_ids, viewmat
         x, y, z = _camera_point(means[g], view)
         jw, tx, ty, held_x, held_y = _jw_rows(view, x, y, z, K, sizes[c, 0], sizes[c, 1])
         qw, qx, qy, qz, norm, rot = _rotation(quats[g])
-        scale = np.empty(3, means.dtype)
-        b = np.zeros((2, 3), means.dtype)
-        for k in range(3):
-            scale[k] = math.exp(log_scales[g, k])
-            for r in range(2):
-                b[r, k] = (jw[r, 0] * rot[k] + jw[r, 1] * rot[3 + k]
-                           + jw[r, 2] * rot[6 + k]) * scale[k]
-        a = b[0, 0] * b[0, 0] + b[0, 1] * b[0, 1] + b[0, 2] * b[0, 2] + EPS2D
-        bb = b[0, 0] * b[1, 0] + b[0, 1] * b[1, 1] + b[0, 2] * b[1, 2]
-        cc = b[1, 0] * b[1, 0] + b[1, 1] * b[1, 1] + b[1, 2] * b[1, 2] + EPS2D
+        b, scale, a, bb, cc = _cov2d(jw, rot, log_scales[g])
         inv = 1.0 / (a * cc - bb * bb)
         inv2 = inv * inv
         g0, g1, g2 = v_conics[i, 0], v_conics[i, 1], v_conics[i, 2]
@@ -146,9 +146,10 @@ def project_backward(means, quats, log_scales, gaussian_ids, camera_ids, viewmat
         v_z = (v_depths[i] - v_means2d[i, 0] * fx * x / (z * z)
                - v_means2d[i, 1] * fy * y / (z * z))
         v_tx, v_ty = 0.0, 0.0
+        z2, z3 = z * z, z * z * z
         for m in range(3):
-            v_z += v_jw[0, m] * (-fx / (z * z) * view[0, m] + 2 * fx * tx / (z * z * z) * view[2, m])
-            v_z += v_jw[1, m] * (-fy / (z * z) * view[1, m] + 2 * fy * ty / (z * z * z) * view[2, m])
+            v_z += v_jw[0, m] * (-fx / z2 * view[0, m] + 2 * fx * tx / z3 * view[2, m])
+            v_z += v_jw[1, m] * (-fy / z2 * view[1, m] + 2 * fy * ty / z3 * view[2, m])
             v_tx += v_jw[0, m] * (-fx / (z * z)) * view[2, m]
             v_ty += v_jw[1, m] * (-fy / (z * z)) * view[2, m]
         # t = z clamp(offset / z): the offset's when free, z's (t / z) when held
@@ -195,15 +196,7 @@ def visibility(means, quats, log_scales, opacity_logits, viewmats, Ks, sizes,
             if not (NEAR_PLANE < z < FAR_PLANE) or opacity < ALPHA_MIN:
                 continue
             jw, _, _, _, _ = _jw_rows(view, x, y, z, K, width, height)
-            b = np.zeros((2, 3), means.dtype)
-            for k in range(3):
-                s = math.exp(log_scales[g, k])
-                for r in range(2):
-                    b[r, k] = (jw[r, 0] * rot[k] + jw[r, 1] * rot[3 + k]
-                               + jw[r, 2] * rot[6 + k]) * s
-            a = b[0, 0] * b[0, 0] + b[0, 1] * b[0, 1] + b[0, 2] * b[0, 2] + EPS2D
-            bb = b[0, 0] * b[1, 0] + b[0, 1] * b[1, 1] + b[0, 2] * b[1, 2]
-            cc = b[1, 0] * b[1, 0] + b[1, 1] * b[1, 1] + b[1, 2] * b[1, 2] + EPS2D
+            _, _, a, bb, cc = _cov2d(jw, rot, log_scales[g])
             rx, ry = math.ceil(sigmas * math.sqrt(a)), math.ceil(sigmas * math.sqrt(cc))
             mx = K[0, 0] * x / z + K[0, 2]
             my = K[1, 1] * y / z + K[1, 2]
