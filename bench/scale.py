@@ -36,11 +36,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from splatscale.data.cameras import Camera
 from splatscale.engine import TrainView
 from splatscale.engine.distributed import DistributedEngine, shard_of
 from splatscale.engine.distributed.cost_model import FittedRowCost, RowCost
-from splatscale.engine.distributed.exchange import (FLOAT_COLUMNS, exchange_counts,
-                                                    rendered_workload, route)
+from splatscale.engine.distributed.exchange import FLOAT_COLUMNS, rendered_workload, route
 from splatscale.engine.distributed.partition import partition, tile_row_work
 from splatscale.engine.local import LocalEngine
 from splatscale.model.gaussians import GaussianModel

@@ -150,9 +150,7 @@ class OffloadEngine(LocalEngine):
     def _bring_current(self) -> None:
         """Every row current in the master arrays (and the device geometry)."""
         self._settle()
-        behind = (self.host_adam.updated_at < self.host_adam.step_count).nonzero()[:, 0]
-        self.host_adam.update(behind)
-        self._refresh_geometry(behind)
+        self._refresh_geometry(self.host_adam.catch_up_all())
 
     # -- the rest of the contract: LocalEngine's, on caught-up rows ---------------------
 

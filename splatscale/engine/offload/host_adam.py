@@ -154,8 +154,11 @@ class DeferredAdam:
         """Rows that would fall more than ``MAX_SKIPPED_STEPS`` behind at the next step."""
         return (self.updated_at <= self.step_count - MAX_SKIPPED_STEPS).nonzero()[:, 0]
 
-    def catch_up_all(self) -> None:
-        self.update((self.updated_at < self.step_count).nonzero()[:, 0])
+    def catch_up_all(self) -> Tensor:
+        """Every row current; the rows that were behind."""
+        behind = (self.updated_at < self.step_count).nonzero()[:, 0]
+        self.update(behind)
+        return behind
 
     def resized(self, rows: int) -> None:
         """After densification (every row caught up first): all rows current."""
