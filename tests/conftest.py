@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -85,14 +86,35 @@ def densifying_run(engine, views: list[TrainView],
                    steps: range = range(TRAIN_STEPS)) -> list[float]:
     """Steps of batches of 2 with clones, splits, pruning and an opacity reset inside
     (all TRAIN_STEPS, or ``steps`` of them); the losses."""
+    return scheduled_run(engine, views, 2, steps, densify={3: False, 8: True}, reset=6,
+                         grad_threshold=5e-3)
+
+
+def scheduled_run(engine, views: list[TrainView], batch_size: int, steps: range,
+                  densify: dict[int, bool], reset: int, grad_threshold: float,
+                  after_forward: Callable = lambda engine: None) -> list[float]:
+    """The Trainer's step order over ``steps``: batches taken from ``views`` in turn,
+    densification at the steps of ``densify`` (pruning large ones where it says True),
+    an opacity reset at step ``reset``; the losses."""
     losses = []
     for step in steps:
-        batch = [views[(2 * step) % 4], views[(2 * step + 1) % 4]]
+        batch = [views[(batch_size * step + i) % len(views)] for i in range(batch_size)]
         losses.append(engine.forward_backward(batch, track_stats=True).loss)
-        if step in (3, 8):
-            engine.densify_and_prune(grad_threshold=5e-3, percent_dense=0.15, extent=2.0,
-                                     min_opacity=0.005, prune_large=step == 8)
-        if step == 6:
+        after_forward(engine)
+        if step in densify:
+            engine.densify_and_prune(grad_threshold=grad_threshold, percent_dense=0.15,
+                                     extent=2.0, min_opacity=0.005, prune_large=densify[step])
+        if step == reset:
             engine.reset_opacity()
         engine.optimizer_step(TRAIN_RATES)
     return losses
+
+
+def state_by_key(state: dict) -> dict:
+    """Every per-Gaussian tensor of an engine state (parameters, Adam moments as m_ and
+    v_, statistics), rows ordered by key: engines compared as sets of Gaussians."""
+    order = torch.argsort(state["keys"])
+    tensors = {**state["model"], **state["stats"],
+               **{"m_" + n: t for n, t in state["optimizer"]["exp_avg"].items()},
+               **{"v_" + n: t for n, t in state["optimizer"]["exp_avg_sq"].items()}}
+    return {"keys": state["keys"][order], **{n: t[order] for n, t in tensors.items()}}

@@ -23,7 +23,7 @@ from splatscale.engine.local import LocalEngine
 from splatscale.model.ply import read_ply
 from splatscale.train.checkpoint import KEYS, load_checkpoint, save_checkpoint
 from tests.conftest import TRAIN_STEPS as STEPS
-from tests.conftest import densifying_run, densifying_scene
+from tests.conftest import densifying_run, densifying_scene, state_by_key
 
 
 def gather_rows(tensor: Tensor) -> Tensor:
@@ -116,13 +116,6 @@ def single_process():
             "render": engine.render(views[1].camera)}
 
 
-def whole_state(state: dict) -> dict:
-    tensors = {**state["model"], **{"m_" + n: t for n, t in state["optimizer"]["exp_avg"].items()},
-               **{"v_" + n: t for n, t in state["optimizer"]["exp_avg_sq"].items()},
-               **state["stats"]}
-    return by_key(state["keys"], tensors)
-
-
 @pytest.mark.parametrize("world", [1, 2, 3])
 def test_ranks_equal_the_single_process(world, single_process, tmp_path):
     out = tmp_path / "rank0.pt"
@@ -146,7 +139,7 @@ def test_ranks_equal_the_single_process(world, single_process, tmp_path):
     for name in ("rgb", "alpha", "depth"):
         torch.testing.assert_close(getattr(ranks["render"], name),
                                    getattr(single_process["render"], name), rtol=1e-12, atol=0)
-    got, want = whole_state(ranks["state"]), whole_state(single_process["state"])
+    got, want = state_by_key(ranks["state"]), state_by_key(single_process["state"])
     assert len(want["keys"]) != 60, "densification must have happened"
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-14, msg=name)
@@ -165,7 +158,8 @@ def test_resume_at_other_world_sizes_continues_the_run(single_process, tmp_path)
                                     steps), nprocs=world)
     assert sorted(p.name for p in tmp_path.glob("checkpoint.pt.*")) == [
         f"checkpoint.pt.{STEPS:09d}.rank{r}-of-2" for r in range(2)], "older shards removed"
-    got, want = whole_state(whole_state_saved(checkpoint)), whole_state(single_process["state"])
+    got = state_by_key(whole_state_saved(checkpoint))
+    want = state_by_key(single_process["state"])
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-14, msg=name)
 

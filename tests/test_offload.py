@@ -22,7 +22,8 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.render import render
 from splatscale.render.projection import visibility
 from splatscale.step.optimizer import GaussianAdam
-from tests.conftest import TRAIN_RATES, look_at_camera, orbit_cameras, random_model
+from tests.conftest import (look_at_camera, orbit_cameras, random_model, scheduled_run,
+                            state_by_key)
 
 STEPS = 50
 
@@ -44,33 +45,19 @@ def offload_scene(dtype=torch.float64) -> tuple[list[TrainView], GaussianModel]:
 def train(engine, views: list[TrainView], batch_size: int, steps: range = range(STEPS)):
     """Steps with two densifications (the second pruning large ones) and an opacity
     reset between them; the losses and the fraction of rows each step updated."""
-    losses, touched = [], []
-    for step in steps:
-        batch = [views[(batch_size * step + i) % len(views)] for i in range(batch_size)]
-        losses.append(engine.forward_backward(batch, track_stats=True).loss)
+    touched = []
+
+    def count_touched(engine) -> None:
         if isinstance(engine, OffloadEngine):
             touched.append(len(engine.pending.rows) / len(engine.model))
-        if step in (12, 30):
-            engine.densify_and_prune(grad_threshold=2e-3, percent_dense=0.15, extent=2.0,
-                                     min_opacity=0.005, prune_large=step == 30)
-        if step == 21:
-            engine.reset_opacity()
-        engine.optimizer_step(TRAIN_RATES)
+    losses = scheduled_run(engine, views, batch_size, steps, densify={12: False, 30: True},
+                           reset=21, grad_threshold=2e-3, after_forward=count_touched)
     return losses, touched
-
-
-def as_set(state: dict) -> dict:
-    """Every per-Gaussian tensor of an engine state, rows ordered by key."""
-    order = torch.argsort(state["keys"])
-    tensors = {**state["model"], **state["stats"],
-               **{"m_" + n: t for n, t in state["optimizer"]["exp_avg"].items()},
-               **{"v_" + n: t for n, t in state["optimizer"]["exp_avg_sq"].items()}}
-    return {"keys": state["keys"][order], **{n: t[order] for n, t in tensors.items()}}
 
 
 def assert_same_sets(actual: dict, expected: dict, rtol: float) -> None:
     """Equal row for row, each tensor to ``rtol`` of its largest value."""
-    a, e = as_set(actual), as_set(expected)
+    a, e = state_by_key(actual), state_by_key(expected)
     assert torch.equal(a["keys"], e["keys"])
     for name in e:
         scale = float(e[name].abs().max()) if e[name].numel() else 0.0
@@ -201,7 +188,7 @@ def test_export_writes_the_caught_up_model(local_runs):
     engine = OffloadEngine(model.detach(), 1, torch.zeros(3, dtype=torch.float64))
     train(engine, views, 1)
     part, = list(engine.model_parts())
-    expected = as_set(local_runs[torch.float64, 1][1])
+    expected = state_by_key(local_runs[torch.float64, 1][1])
     order = torch.argsort(engine.model.keys)
     for name, tensor in part.parameters().items():
         torch.testing.assert_close(tensor[order], expected[name], rtol=1e-9, atol=1e-12)

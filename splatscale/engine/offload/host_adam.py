@@ -18,7 +18,7 @@ values while a worker thread computes the same rows for the master copy.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,32 +34,31 @@ MAX_SKIPPED_STEPS = 15
 _SAFETY = 1.001  # float32 moments round; the bound must still hold
 
 
-@dataclass
 class StepLog:
-    """What each global step did to one parameter group (index 0: before any step)."""
+    """What each global step did to one parameter group (index 0: before any step):
+    whether it took an Adam step, its -lr / (1 - beta1^t) and sqrt(1 - beta2^t), and
+    the running sum of the largest move a step can make per coordinate. Kept in
+    arrays that grow by doubling, so a step costs the same at step 30,000 as at 1."""
 
-    stepped: list[bool] = field(default_factory=lambda: [False])
-    lr: list[float] = field(default_factory=lambda: [0.0])
-    bias1: list[float] = field(default_factory=lambda: [1.0])
-    bias2: list[float] = field(default_factory=lambda: [1.0])
-    # Sum over steps of the largest move a step can make per coordinate.
-    reach: list[float] = field(default_factory=lambda: [0.0])
-    _arrays: tuple | None = None
+    def __init__(self) -> None:
+        self.count = 1
+        self._table = np.zeros((4, 64))  # stepped, scale, root_bias2, reach
+        self._table[2, 0] = 1.0
+
+    def append(self, stepped: bool, scale: float, root_bias2: float, move: float) -> None:
+        if self.count == self._table.shape[1]:
+            self._table = np.concatenate([self._table, np.zeros_like(self._table)], axis=1)
+        column = self._table[:, self.count]
+        column[:] = stepped, scale, root_bias2, self._table[3, self.count - 1] + move
+        self.count += 1
 
     def arrays(self, dtype: np.dtype) -> tuple[np.ndarray, ...]:
-        """The kernel's tables in ``dtype`` (stepped, -lr / bias1, sqrt(bias2)), made
-        again only after a step."""
-        if self._arrays is None or len(self._arrays[0]) != len(self.stepped):
-            self._arrays = (np.array(self.stepped),
-                            -np.array(self.lr) / np.array(self.bias1),
-                            np.sqrt(np.array(self.bias2)),
-                            torch.tensor(self.reach, dtype=torch.float64))
-        stepped, scale, root_bias2, _ = self._arrays
-        return stepped, scale.astype(dtype), root_bias2.astype(dtype)
+        """The replay kernel's tables: stepped, scale and root_bias2 (in ``dtype``)."""
+        stepped, scale, root_bias2 = self._table[:3, :self.count]
+        return stepped.astype(np.bool_), scale.astype(dtype), root_bias2.astype(dtype)
 
-    def reach_table(self) -> Tensor:
-        self.arrays(np.float64)
-        return self._arrays[3]
+    def reach(self) -> Tensor:
+        return torch.from_numpy(self._table[3, :self.count])
 
 
 @dataclass
@@ -96,16 +95,15 @@ class DeferredAdam:
                 self.adam.steps[name] += 1
             t = self.adam.steps[name]
             bias1, bias2 = 1 - h.beta1 ** t, 1 - h.beta2 ** t
-            log.stepped.append(took)
-            log.lr.append(h.lr)
-            log.bias1.append(bias1 if took else 1.0)
-            log.bias2.append(bias2 if took else 1.0)
-            move = h.lr * math.sqrt(bias2) / bias1 * self.ratio_bound if took else 0.0
-            log.reach.append(log.reach[-1] + move)
+            if took:
+                log.append(True, -h.lr / bias1, math.sqrt(bias2),
+                           h.lr * math.sqrt(bias2) / bias1 * self.ratio_bound)
+            else:
+                log.append(False, 0.0, 1.0, 0.0)
 
     def reach(self, name: str, since: Tensor) -> Tensor:
         """How far any coordinate of group ``name`` can have moved since steps ``since``."""
-        table = self.logs[name].reach_table()
+        table = self.logs[name].reach()
         return table[-1] - table[since]
 
     def advance(self, rows: Tensor, grads: dict[str, Tensor] | None = None) -> Advanced:
