@@ -7,11 +7,13 @@ from typing import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from splatscale.data.cameras import Camera
 from splatscale.engine import TrainView
 from splatscale.model.gaussians import SH_REST, GaussianModel
+from splatscale.model.init import nearest_neighbour_scales
 from splatscale.render import render
 
 TEST_DATA = Path(__file__).resolve().parent / "data"
@@ -118,3 +120,55 @@ def state_by_key(state: dict) -> dict:
                **{"m_" + n: t for n, t in state["optimizer"]["exp_avg"].items()},
                **{"v_" + n: t for n, t in state["optimizer"]["exp_avg_sq"].items()}}
     return {"keys": state["keys"][order], **{n: t[order] for n, t in tensors.items()}}
+
+
+@pytest.fixture(scope="session")
+def garden():
+    """30,000 of the garden scene's real Gaussian centres with random shapes, opacities
+    and colours, and its cameras."""
+    data = np.load(data_path("garden_splats.npz"))
+    rng = np.random.default_rng(0)
+    keep = rng.choice(len(data["means3d"]), 30_000, replace=False)
+    means = torch.from_numpy(data["means3d"][keep].astype(np.float64))
+    n = len(means)
+    scales = nearest_neighbour_scales(means.numpy())[:, None] * rng.uniform(0.3, 3.0, (n, 3))
+    model = GaussianModel(
+        means=means,
+        quats=torch.from_numpy(rng.normal(size=(n, 4))),
+        log_scales=torch.from_numpy(np.log(scales)),
+        # Some below opacity 1/255 (logit -5.54), which gsplat's kernels cull.
+        opacity_logits=torch.from_numpy(rng.normal(size=n) * 2.5),
+        sh0=torch.from_numpy(rng.normal(size=(n, 1, 3))),
+        shN=torch.from_numpy(0.2 * rng.normal(size=(n, SH_REST, 3))),
+    )
+    width, height = int(data["width"]), int(data["height"])
+    cameras = [Camera(torch.from_numpy(v.astype(np.float64)), torch.from_numpy(k.astype(np.float64)),
+                      width, height) for v, k in zip(data["viewmats"], data["Ks"])]
+    return model, cameras
+
+
+def gsplat_kernel_boxes(radii, means2d, conics, opacities, width: int, height: int):
+    """gsplat 1.5.3's CUDA visibility rule (ProjectionEWA3DGSPacked.cu), which its
+    torch reference lacks, applied to that reference's geometry: cull opacity below
+    1/255; per-axis box of min(3.33, sqrt(2 ln(255 opacity))) sigmas; the image test.
+    Returns (unrounded box half-extents [C, N, 2], visible [C, N])."""
+    a, b, c = conics.unbind(-1)
+    det = a * c - b * b
+    sigma = torch.sqrt(torch.stack([c / det, a / det], dim=-1))  # of the 2D covariance
+    sigmas = torch.sqrt(2 * torch.log(opacities * 255)).clamp(max=3.33)
+    exact = sigmas[None, :, None] * sigma
+    box = torch.ceil(exact)
+    # The reference's radii > 0: a valid projection whose 3.33-sigma box meets the image.
+    visible = ((radii > 0).all(dim=-1) & (opacities >= 1 / 255)[None] & (box > 0).any(dim=-1)
+               & (means2d + box > 0).all(dim=-1) & (means2d[..., 0] - box[..., 0] < width)
+               & (means2d[..., 1] - box[..., 1] < height))
+    return exact, visible
+
+
+def assert_radii_match(radii: torch.Tensor, exact: torch.Tensor) -> None:
+    """Radii are the ceil of the unrounded half-extents. Two implementations round
+    those differently in the last bits, so where one lies within 1e-9 of an integer
+    either neighbour is right; everywhere else the integers must be equal."""
+    on_edge = (exact - exact.round()).abs() < 1e-9 * exact
+    assert torch.equal(radii[~on_edge], torch.ceil(exact)[~on_edge].to(torch.int32))
+    assert ((radii - exact)[on_edge].abs() <= 1).all()

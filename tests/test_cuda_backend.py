@@ -1,17 +1,18 @@
-"""The cuda backend's compositing: its own code on the CPU (gsplat's pure-torch kernels
-in place of the CUDA ones) against the cpu backend, and on a GPU when there is one."""
+"""The cuda backend: its own code on the CPU (pure-torch stand-ins, built from gsplat's
+reference functions, in place of its CUDA kernels) against the cpu backend, and on a
+GPU when there is one."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from splatscale.render import project, rasterize
+from splatscale.render import cuda_backend, project, rasterize, render
 from splatscale.render.binning import bin_tiles
 from splatscale.render.conventions import ALPHA_MAX, ALPHA_MIN, T_MIN
 from splatscale.render.cuda_backend import Kernels, composite
 from splatscale.render.rasterize import composite as cpu_composite
-from tests.conftest import orbit_cameras, random_model
+from tests.conftest import gsplat_kernel_boxes, orbit_cameras, random_model
 
 WIDTH, HEIGHT = 45, 37  # not multiples of 16
 
@@ -59,9 +60,25 @@ def isect_tiles(means2d, radii, depths, tile_size, tiles_x, tiles_y):
     return per_splat, ids[order], flatten_ids[order]
 
 
+def fully_fused_projection(means, covars, quats, scales, viewmats, Ks, width, height, eps2d,
+                           near_plane, far_plane, packed, opacities):
+    """gsplat's packed projection: its torch reference, with its CUDA kernel's
+    visibility rule (``gsplat_kernel_boxes``), packed camera-major."""
+    from gsplat.cuda import _torch_impl
+    assert covars is None and packed
+    covars, _ = _torch_impl._quat_scale_to_covar_preci(quats, scales, compute_preci=False)
+    radii, means2d, depths, conics, _ = _torch_impl._fully_fused_projection(
+        means, covars, viewmats, Ks, width, height, eps2d, near_plane, far_plane)
+    exact, kept = gsplat_kernel_boxes(radii, means2d, conics, opacities, width, height)
+    camera_ids, gaussian_ids = kept.nonzero(as_tuple=True)
+    return (torch.zeros_like(camera_ids), camera_ids.int(), gaussian_ids.int(),
+            torch.ceil(exact[kept]).int(), means2d[kept], depths[kept], conics[kept], None)
+
+
 def reference_kernels() -> Kernels:
     from gsplat.cuda import _torch_impl
-    return Kernels(isect_tiles, _torch_impl._isect_offset_encode, rasterize_to_pixels)
+    return Kernels(fully_fused_projection, _torch_impl._spherical_harmonics, isect_tiles,
+                   _torch_impl._isect_offset_encode, rasterize_to_pixels)
 
 
 def one_view(seed: int, dtype=torch.float64):
@@ -126,6 +143,89 @@ def test_equal_depths_are_composited_in_key_order():
     background = torch.zeros(3, dtype=torch.float64)
     ours, theirs = render_both(splats, inputs, (0, HEIGHT), background)
     torch.testing.assert_close(ours[0], theirs[0], rtol=1e-9, atol=1e-12)
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """The cuda backend runs on the CPU with the stand-in kernels."""
+    monkeypatch.setattr(cuda_backend, "cuda_kernels", reference_kernels)
+
+
+def weighted_sum(outputs, seed: int = 1):
+    weights = torch.Generator().manual_seed(seed)
+    return sum((o * torch.rand(o.shape, generator=weights, dtype=o.dtype)).sum()
+               for o in outputs)
+
+
+def model_gradients(model, loss_of) -> dict:
+    leaves = model.detach().requires_grad_(True)
+    loss = loss_of(leaves)
+    return dict(zip(leaves.PARAMETERS, torch.autograd.grad(
+        loss, list(leaves.parameters().values()), allow_unused=True)))
+
+
+@pytest.mark.parametrize("degree", [0, 3])
+def test_cuda_projection_code_equals_the_cpu_backend(garden, stand_ins, degree):
+    model, cameras = garden
+    model = model.detach()
+    model.sh_degree = degree
+    ours, theirs = project(model, cameras, backend="cuda"), project(model, cameras)
+    assert torch.equal(ours.camera_ids, theirs.camera_ids)
+    assert torch.equal(ours.gaussian_ids, theirs.gaussian_ids)
+    assert ours.camera_offsets == theirs.camera_offsets
+    assert torch.equal(ours.keys, theirs.keys)
+    assert (ours.radii - theirs.radii).abs().max() <= 1  # a ceiling may round either way
+    assert (ours.radii != theirs.radii).float().mean() < 1e-3
+    for name in ("means2d", "conics", "depths", "colors", "opacities"):
+        torch.testing.assert_close(getattr(ours, name), getattr(theirs, name), rtol=1e-8,
+                                   atol=1e-10, msg=name)
+
+    def loss_of(backend):
+        def loss(leaves):
+            splats = project(leaves, cameras, backend=backend)
+            return weighted_sum([splats.means2d, splats.conics, splats.depths, splats.colors,
+                                 splats.opacities])
+        return loss
+    ours_grad, theirs_grad = (model_gradients(model, loss_of(b)) for b in ("cuda", "cpu"))
+    for name in model.PARAMETERS:
+        if theirs_grad[name] is None:  # shN at degree 0
+            assert ours_grad[name] is None or not ours_grad[name].any()
+            continue
+        torch.testing.assert_close(ours_grad[name], theirs_grad[name], rtol=1e-7, atol=1e-9,
+                                   msg=name)
+
+
+def test_cameras_of_different_sizes_are_projected_in_runs(stand_ins):
+    model = random_model(200, seed=3)
+    cameras = orbit_cameras(3, WIDTH, HEIGHT)[:2] + orbit_cameras(3, 30, 20)[2:]
+    ours, theirs = project(model, cameras, backend="cuda"), project(model, cameras)
+    assert ours.camera_offsets == theirs.camera_offsets
+    assert torch.equal(ours.camera_ids, theirs.camera_ids)
+    assert torch.equal(ours.gaussian_ids, theirs.gaussian_ids)
+
+
+@pytest.mark.parametrize("rows", [(0, HEIGHT), (9, 30)])
+def test_cuda_render_equals_the_cpu_render_with_gradients(stand_ins, rows):
+    model = random_model(150, seed=6)
+    model.sh_degree = 2
+    camera = orbit_cameras(3, WIDTH, HEIGHT)[1]
+    background = torch.tensor([0.2, 0.3, 0.4], dtype=torch.float64)
+
+    def loss_of(backend):
+        def loss(leaves):
+            out = render(leaves, camera, rows, background, backend=backend)
+            return weighted_sum([out.rgb, out.alpha, out.depth])
+        return loss
+    with torch.no_grad():
+        ours = render(model, camera, rows, background, backend="cuda")
+        theirs = render(model, camera, rows, background)
+    for name in ("rgb", "alpha", "depth"):
+        torch.testing.assert_close(getattr(ours, name), getattr(theirs, name), rtol=1e-9,
+                                   atol=1e-11, msg=name)
+    ours_grad, theirs_grad = (model_gradients(model, loss_of(b)) for b in ("cuda", "cpu"))
+    for name in model.PARAMETERS:
+        torch.testing.assert_close(ours_grad[name], theirs_grad[name], rtol=1e-7, atol=1e-10,
+                                   msg=name)
 
 
 @pytest.mark.gpu

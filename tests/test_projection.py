@@ -2,69 +2,16 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from splatscale.data.cameras import Camera
-from splatscale.model.gaussians import SH_REST, GaussianModel
-from splatscale.model.init import nearest_neighbour_scales
+from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project
 from splatscale.render.sh import sh_to_color
-from tests.conftest import data_path, orbit_cameras, random_model
+from tests.conftest import assert_radii_match, gsplat_kernel_boxes, orbit_cameras, random_model
 
 gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl",
                                    reason="gsplat==1.5.3 (test extra) is the reference")
-
-
-@pytest.fixture(scope="module")
-def garden():
-    data = np.load(data_path("garden_splats.npz"))
-    rng = np.random.default_rng(0)
-    keep = rng.choice(len(data["means3d"]), 30_000, replace=False)
-    means = torch.from_numpy(data["means3d"][keep].astype(np.float64))
-    n = len(means)
-    scales = nearest_neighbour_scales(means.numpy())[:, None] * rng.uniform(0.3, 3.0, (n, 3))
-    model = GaussianModel(
-        means=means,
-        quats=torch.from_numpy(rng.normal(size=(n, 4))),
-        log_scales=torch.from_numpy(np.log(scales)),
-        # Some below opacity 1/255 (logit -5.54), which gsplat's kernels cull.
-        opacity_logits=torch.from_numpy(rng.normal(size=n) * 2.5),
-        sh0=torch.from_numpy(rng.normal(size=(n, 1, 3))),
-        shN=torch.from_numpy(0.2 * rng.normal(size=(n, SH_REST, 3))),
-    )
-    width, height = int(data["width"]), int(data["height"])
-    cameras = [Camera(torch.from_numpy(v.astype(np.float64)), torch.from_numpy(k.astype(np.float64)),
-                      width, height) for v, k in zip(data["viewmats"], data["Ks"])]
-    return model, cameras
-
-
-def gsplat_kernel_boxes(radii, means2d, conics, opacities, width: int, height: int):
-    """gsplat 1.5.3's CUDA visibility rule (ProjectionEWA3DGSPacked.cu), which its
-    torch reference lacks, applied to that reference's geometry: cull opacity below
-    1/255; per-axis box of min(3.33, sqrt(2 ln(255 opacity))) sigmas; the image test.
-    Returns (unrounded box half-extents [C, N, 2], visible [C, N])."""
-    a, b, c = conics.unbind(-1)
-    det = a * c - b * b
-    sigma = torch.sqrt(torch.stack([c / det, a / det], dim=-1))  # of the 2D covariance
-    sigmas = torch.sqrt(2 * torch.log(opacities * 255)).clamp(max=3.33)
-    exact = sigmas[None, :, None] * sigma
-    box = torch.ceil(exact)
-    # The reference's radii > 0: a valid projection whose 3.33-sigma box meets the image.
-    visible = ((radii > 0).all(dim=-1) & (opacities >= 1 / 255)[None] & (box > 0).any(dim=-1)
-               & (means2d + box > 0).all(dim=-1) & (means2d[..., 0] - box[..., 0] < width)
-               & (means2d[..., 1] - box[..., 1] < height))
-    return exact, visible
-
-
-def assert_radii_match(radii: torch.Tensor, exact: torch.Tensor) -> None:
-    """Radii are the ceil of the unrounded half-extents. Two implementations round
-    those differently in the last bits, so where one lies within 1e-9 of an integer
-    either neighbour is right; everywhere else the integers must be equal."""
-    on_edge = (exact - exact.round()).abs() < 1e-9 * exact
-    assert torch.equal(radii[~on_edge], torch.ceil(exact)[~on_edge].to(torch.int32))
-    assert ((radii - exact)[on_edge].abs() <= 1).all()
 
 
 def test_projection_matches_gsplat(garden):
@@ -105,8 +52,9 @@ def test_sh_colors_match_gsplat(garden, degree):
 
 
 def pairs_of(model, cameras):
-    from splatscale.render.projection import _camera_tensors, visibility
-    viewmats, Ks, sizes = _camera_tensors(cameras, model.means)
+    from splatscale.render.projection import visibility
+    from splatscale.render.splats import camera_tensors
+    viewmats, Ks, sizes = camera_tensors(cameras, model.means)
     camera_ids, gaussian_ids = visibility(model, cameras).visible.nonzero(as_tuple=True)
     return gaussian_ids, camera_ids, viewmats, Ks, sizes
 
@@ -155,14 +103,14 @@ def test_projection_kernels_pass_gradcheck(wide_scene):
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_visibility_kernel_equals_the_torch_test(wide_scene, dtype):
-    from splatscale.render.projection import (_camera_tensors, _visibility_kernel,
-                                              _visibility_torch)
+    from splatscale.render.projection import _visibility_kernel, _visibility_torch
+    from splatscale.render.splats import camera_tensors
     model, cameras = wide_scene
     model = GaussianModel(**{n: t.detach().to(dtype).clone() for n, t in
                              model.parameters().items()})
     model.opacity_logits[::7] = -6.0  # below 1/255: culled whatever the box
     tensors = (model.means, model.quats, model.log_scales, model.opacity_logits,
-               *_camera_tensors(cameras, model.means))
+               *camera_tensors(cameras, model.means))
     ours, reference = _visibility_kernel(*tensors), _visibility_torch(*tensors)
     assert torch.equal(ours.visible, reference.visible)
     assert 0 < int(ours.visible.sum()) < ours.visible.numel()

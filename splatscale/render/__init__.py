@@ -9,15 +9,18 @@ from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
-from splatscale.render.projection import Splats, project
+from splatscale.render.backend import Backend
+from splatscale.render.projection import project
 from splatscale.render.rasterize import RenderOutput, rasterize
+from splatscale.render.splats import Splats
 
 
 def render(model: GaussianModel, camera: Camera, rows: tuple[int, int] | None = None,
-           background: Tensor | None = None) -> RenderOutput:
+           background: Tensor | None = None, backend: Backend | None = None) -> RenderOutput:
     """Project ``model`` into ``camera`` and rasterize rows ``[y0, y1)`` (default all)."""
-    splats = project(model, [camera])
-    return rasterize(splats.of_camera(0), camera.width, camera.height, rows, background)
+    splats = project(model, [camera], backend=backend)
+    return rasterize(splats.of_camera(0), camera.width, camera.height, rows, background,
+                     backend)
 
 
-__all__ = ["RenderOutput", "Splats", "project", "rasterize", "render"]
+__all__ = ["Backend", "RenderOutput", "Splats", "project", "rasterize", "render"]

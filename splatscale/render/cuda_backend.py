@@ -1,8 +1,10 @@
-"""Stage 2 on CUDA: gsplat 1.5.3's tile intersection and compositing kernels.
+"""The cuda backend: both renderer stages through gsplat 1.5.3's kernels.
 
-``rasterize`` (``render/rasterize.py``) sends CUDA tensors here; the result
-is the same ``RenderOutput`` the cpu backend returns, with gsplat's
-conventions, which the cpu backend follows (``render/conventions.py``).
+``project`` and ``rasterize`` send CUDA tensors here (``render/backend.py``).
+Stage 1 is gsplat's fused projection, packed, with the opacity-aware box, and
+its spherical harmonics; stage 2 its tile intersections and compositing. The
+results are the ``Splats`` and ``RenderOutput`` the cpu backend returns, with
+gsplat's conventions, which the cpu backend follows (``render/conventions.py``).
 
 A band of rows ``[y0, y1)`` is rendered by moving the splats up by ``y0`` and
 rendering an image ``y1 - y0`` rows high: a pixel's value depends only on the
@@ -12,40 +14,97 @@ has its parent's) are ordered by key: the splats go in sorted by key, and the
 kernels' sort by depth is stable.
 
 The kernels are reached through a ``Kernels`` object: gsplat's CUDA
-functions, or in the tests pure-torch stand-ins (gsplat's own for the tile
-intersections; its torch compositing needs CUDA too), which is how this
-module's own code (bands, ordering, the depth channel, autograd) is tested
-without a GPU.
+functions, or in the tests pure-torch stand-ins (gsplat's own references
+where they run on a CPU), which is how this module's own code (packing, SH,
+bands, ordering, the depth channel, autograd) is tested without a GPU.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from functools import lru_cache
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from splatscale.data.cameras import Camera
 from splatscale.errors import SplatscaleError
-from splatscale.render.conventions import TILE_SIZE
+from splatscale.model.gaussians import GaussianModel
+from splatscale.render.conventions import EPS2D, FAR_PLANE, NEAR_PLANE, TILE_SIZE
+from splatscale.render.splats import Splats, camera_tensors
+
 
 @dataclass(frozen=True)
 class Kernels:
-    """gsplat's functions for one camera's splats, unpacked ([1, M, ...])."""
+    """gsplat's functions: the packed projection and SH of a batch of cameras, and
+    the compositing of one camera's splats, unpacked ([1, M, ...])."""
 
+    fully_fused_projection: Callable
+    spherical_harmonics: Callable
     isect_tiles: Callable
     isect_offset_encode: Callable
     rasterize_to_pixels: Callable
 
 
+@lru_cache(maxsize=1)
 def cuda_kernels() -> Kernels:
+    """gsplat's CUDA kernels (compiled by gsplat on first use, then cached by it)."""
     try:
         from gsplat.cuda import _wrapper
     except ImportError as missing:
         raise SplatscaleError(
             "the cuda backend needs gsplat 1.5.3: pip install 'splatscale[cuda]'") from missing
-    return Kernels(_wrapper.isect_tiles, _wrapper.isect_offset_encode,
+    return Kernels(_wrapper.fully_fused_projection, _wrapper.spherical_harmonics,
+                   _wrapper.isect_tiles, _wrapper.isect_offset_encode,
                    _wrapper.rasterize_to_pixels)
+
+
+def _runs_of_equal_size(cameras: Sequence[Camera]) -> list[tuple[int, int]]:
+    """[start, end) runs of consecutive cameras with one image size (gsplat projects a
+    batch of cameras into one width and height)."""
+    runs, start = [], 0
+    for i in range(1, len(cameras) + 1):
+        if i == len(cameras) or (cameras[i].width, cameras[i].height) != (
+                cameras[start].width, cameras[start].height):
+            runs.append((start, i))
+            start = i
+    return runs
+
+
+def project(model: GaussianModel, cameras: Sequence[Camera], kernels: Kernels) -> Splats:
+    """``render.project`` by gsplat's packed projection: it decides visibility itself
+    (the rule ``projection.visibility`` follows), so no precomputed test is taken."""
+    viewmats, Ks, _ = camera_tensors(cameras, model.means)
+    scales, opacities = model.scales, model.opacities
+    parts = []
+    for start, end in _runs_of_equal_size(cameras):
+        _, camera_ids, gaussian_ids, radii, means2d, depths, conics, _ = (
+            kernels.fully_fused_projection(
+                model.means, None, model.quats, scales, viewmats[start:end], Ks[start:end],
+                cameras[start].width, cameras[start].height, eps2d=EPS2D,
+                near_plane=NEAR_PLANE, far_plane=FAR_PLANE, packed=True,
+                opacities=opacities.detach()))
+        parts.append((camera_ids.long() + start, gaussian_ids.long(), radii, means2d, depths,
+                      conics))
+    camera_ids, gaussian_ids, radii, means2d, depths, conics = (
+        torch.cat(column) for column in zip(*parts))
+    counts = torch.bincount(camera_ids, minlength=len(cameras))
+    offsets = [0] + torch.cumsum(counts, 0).tolist()
+    return Splats(camera_ids, gaussian_ids, means2d, conics, depths, radii,
+                  _colors(model, viewmats, camera_ids, gaussian_ids, kernels),
+                  opacities.index_select(0, gaussian_ids), model.keys[gaussian_ids], offsets,
+                  list(cameras))
+
+
+def _colors(model: GaussianModel, viewmats: Tensor, camera_ids: Tensor, gaussian_ids: Tensor,
+            kernels: Kernels) -> Tensor:
+    """SH seen from each camera's centre, + 0.5 and clamped at 0 (3DGS's colour)."""
+    coeffs = model.sh.index_select(0, gaussian_ids)
+    centers = -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
+    dirs = model.means.index_select(0, gaussian_ids) - centers.index_select(0, camera_ids)
+    raw = kernels.spherical_harmonics(model.sh_degree, dirs, coeffs)
+    return torch.clamp_min(raw + 0.5, 0.0)
 
 
 def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,

@@ -1,6 +1,8 @@
 """Stage 1 of the renderer: EWA projection of Gaussians into a batch of cameras.
 
-Plain differentiable torch. Visibility is decided once for every (camera,
+The cpu backend's: numba kernels on the CPU (``projection_kernels``), plain
+differentiable torch on other devices and as their reference; CUDA tensors go
+to the cuda backend (gsplat's kernels). Visibility is decided once for every (camera,
 Gaussian) pair without autograd; the differentiable quantities are then
 computed for the visible pairs only, so nothing invalid enters the graph.
 """
@@ -17,43 +19,11 @@ from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FRUSTUM_CLAMP,
                                            NEAR_PLANE, RADIUS_SIGMAS)
-from splatscale.render import projection_kernels
+from splatscale.render import cuda_backend, projection_kernels
+from splatscale.render.backend import Backend, backend_for
 from splatscale.render.cpu_kernels import sum_per_splat
 from splatscale.render.sh import sh_to_color
-
-
-@dataclass
-class Splats:
-    """Packed projection: one row per visible (camera, Gaussian) pair, camera-major.
-
-    ``camera_offsets[c]:camera_offsets[c + 1]`` are the rows of camera c;
-    ``radii`` are the per-axis pixel half-extents of the splat's box.
-    """
-
-    camera_ids: Tensor      # [M] int64
-    gaussian_ids: Tensor    # [M] int64
-    means2d: Tensor         # [M, 2]
-    conics: Tensor          # [M, 3] inverse 2D covariance (xx, xy, yy)
-    depths: Tensor          # [M]
-    radii: Tensor           # [M, 2] int32
-    colors: Tensor          # [M, 3]
-    opacities: Tensor       # [M]
-    keys: Tensor            # [M] int64, the Gaussians' keys: equal depths are ordered by them
-    camera_offsets: list[int]
-    cameras: list[Camera]
-
-    def __len__(self) -> int:
-        return self.means2d.shape[0]
-
-    def of_camera(self, index: int) -> "Splats":
-        """The rows of one camera (slices keep the autograd graph)."""
-        lo, hi = self.camera_offsets[index], self.camera_offsets[index + 1]
-        if len(self.cameras) == 1:
-            return self  # no slicing, so no slice nodes in the backward graph
-        return Splats(self.camera_ids[lo:hi], self.gaussian_ids[lo:hi], self.means2d[lo:hi],
-                      self.conics[lo:hi], self.depths[lo:hi], self.radii[lo:hi],
-                      self.colors[lo:hi], self.opacities[lo:hi], self.keys[lo:hi], [0, hi - lo],
-                      [self.cameras[index]])
+from splatscale.render.splats import Splats, camera_tensors
 
 
 def quat_to_rotmat(quats: Tensor) -> Tensor:
@@ -150,14 +120,6 @@ def _radii_and_visibility(proj: _Projected, opacities: Tensor,
     return torch.nan_to_num(radii).to(torch.int32), visible
 
 
-def _camera_tensors(cameras: Sequence[Camera], like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    to = dict(dtype=like.dtype, device=like.device)
-    viewmats = torch.stack([c.viewmat for c in cameras]).to(**to)
-    Ks = torch.stack([c.K for c in cameras]).to(**to)
-    sizes = torch.tensor([[c.width, c.height] for c in cameras], **to)
-    return viewmats, Ks, sizes
-
-
 @dataclass
 class Visibility:
     """Of every (camera, Gaussian) pair: the box's radii [C, N, 2] and whether the
@@ -217,7 +179,7 @@ def visibility(model: GaussianModel, cameras: Sequence[Camera]) -> Visibility:
     """Which Gaussians each camera keeps: ``project``'s test, without projecting
     (numba kernels on the CPU, torch elsewhere)."""
     tensors = (model.means, model.quats, model.log_scales, model.opacity_logits,
-               *_camera_tensors(list(cameras), model.means))
+               *camera_tensors(list(cameras), model.means))
     if model.means.device.type == "cpu":
         return _visibility_kernel(*tensors)
     return _visibility_torch(*tensors)
@@ -242,13 +204,16 @@ def _visibility_kernel(*tensors: Tensor) -> Visibility:
 
 
 def project(model: GaussianModel, cameras: Sequence[Camera] | Camera,
-            seen: Visibility | None = None) -> Splats:
+            seen: Visibility | None = None, backend: Backend | None = None) -> Splats:
     """Project every Gaussian of ``model`` into every camera; keep the visible pairs
-    (``seen``, when the caller has already run the test on this model)."""
+    (``seen``, when the caller has already run the test on this model; the cuda
+    backend decides visibility inside its kernel and does not need it)."""
     if isinstance(cameras, Camera):
         cameras = [cameras]
     cameras = list(cameras)
-    viewmats, Ks, sizes = _camera_tensors(cameras, model.means)
+    if backend_for(model.means, backend) == "cuda":
+        return cuda_backend.project(model, cameras, cuda_backend.cuda_kernels())
+    viewmats, Ks, sizes = camera_tensors(cameras, model.means)
     seen = seen or visibility(model, cameras)
     radii, visible = seen.radii, seen.visible
     camera_ids, gaussian_ids = visible.nonzero(as_tuple=True)

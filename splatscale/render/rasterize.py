@@ -11,7 +11,8 @@ from torch import Tensor
 
 from splatscale.render import cpu_kernels, cuda_backend
 from splatscale.render.binning import TileBins, bin_tiles
-from splatscale.render.projection import Splats
+from splatscale.render.backend import Backend, backend_for
+from splatscale.render.splats import Splats
 
 DEPTH_EPS = 1e-10
 
@@ -110,12 +111,13 @@ def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
 
 
 def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | None = None,
-              background: Tensor | None = None) -> RenderOutput:
+              background: Tensor | None = None, backend: Backend | None = None) -> RenderOutput:
     """Render pixel rows ``[y0, y1)`` (default: all) of one camera's splats.
 
     The band's pixels and gradients equal those rows of a full render: tiles
     stay on the image's 16x16 grid whatever the band. CUDA tensors are
-    composited by gsplat's kernels (``cuda_backend``), the others by numba's.
+    composited by gsplat's kernels (``cuda_backend``), the others by numba's, unless
+    ``backend`` names one.
     """
     y0, y1 = rows if rows is not None else (0, height)
     if not 0 <= y0 < y1 <= height:
@@ -125,7 +127,7 @@ def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | N
     dtype, device = splats.means2d.dtype, splats.means2d.device
     background = (torch.zeros(3, dtype=dtype, device=device) if background is None
                   else background.to(dtype=dtype, device=device))
-    if device.type == "cuda":
+    if backend_for(splats.means2d, backend) == "cuda":
         rgb, depth_sum, alpha = cuda_backend.composite(
             splats.means2d, splats.conics, splats.colors, splats.depths, splats.opacities,
             splats.radii, splats.keys, background, width, (y0, y1), cuda_backend.cuda_kernels())

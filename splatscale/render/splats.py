@@ -1,0 +1,55 @@
+"""What stage 1 of the renderer hands to stage 2, whichever backend made it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from splatscale.data.cameras import Camera
+
+
+@dataclass
+class Splats:
+    """Packed projection: one row per visible (camera, Gaussian) pair, camera-major.
+
+    ``camera_offsets[c]:camera_offsets[c + 1]`` are the rows of camera c;
+    ``radii`` are the per-axis pixel half-extents of the splat's box.
+    """
+
+    camera_ids: Tensor      # [M] int64
+    gaussian_ids: Tensor    # [M] int64
+    means2d: Tensor         # [M, 2]
+    conics: Tensor          # [M, 3] inverse 2D covariance (xx, xy, yy)
+    depths: Tensor          # [M]
+    radii: Tensor           # [M, 2] int32
+    colors: Tensor          # [M, 3]
+    opacities: Tensor       # [M]
+    keys: Tensor            # [M] int64, the Gaussians' keys: equal depths are ordered by them
+    camera_offsets: list[int]
+    cameras: list[Camera]
+
+    def __len__(self) -> int:
+        return self.means2d.shape[0]
+
+    def of_camera(self, index: int) -> "Splats":
+        """The rows of one camera (slices keep the autograd graph)."""
+        lo, hi = self.camera_offsets[index], self.camera_offsets[index + 1]
+        if len(self.cameras) == 1:
+            return self  # no slicing, so no slice nodes in the backward graph
+        return Splats(self.camera_ids[lo:hi], self.gaussian_ids[lo:hi], self.means2d[lo:hi],
+                      self.conics[lo:hi], self.depths[lo:hi], self.radii[lo:hi],
+                      self.colors[lo:hi], self.opacities[lo:hi], self.keys[lo:hi], [0, hi - lo],
+                      [self.cameras[index]])
+
+
+def camera_tensors(cameras: Sequence[Camera], like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The cameras' viewmats [C, 4, 4], Ks [C, 3, 3] and sizes [C, 2] (width, height),
+    in the dtype and on the device of ``like``."""
+    to = dict(dtype=like.dtype, device=like.device)
+    viewmats = torch.stack([c.viewmat for c in cameras]).to(**to)
+    Ks = torch.stack([c.K for c in cameras]).to(**to)
+    sizes = torch.tensor([[c.width, c.height] for c in cameras], **to)
+    return viewmats, Ks, sizes
