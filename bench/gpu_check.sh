@@ -2,8 +2,11 @@
 # On a machine with an NVIDIA GPU and CUDA's compiler, without network: install
 # splatscale and gsplat from the wheels in .whl/ (a CUDA build of torch among
 # them), run the gpu tests and the GPU benchmarks, and write the logs and one
-# JSON summary to $OUT (./gpu_out when unset). Stops at the first step that
-# cannot run, saying which, with its log kept.
+# JSON summary to $OUT (./gpu_out when unset): the gpu tests (the cuda backend
+# against the cpu one, a 600-image run against the CPU's PSNR), our render
+# against gsplat's rasterization() (bench/gpu_render.py), training speed and
+# peak GPU memory of the local and offload engines (bench/gpu_train.py). Stops
+# at the first step that cannot run, saying which, with its log kept.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-./gpu_out}"
@@ -26,11 +29,13 @@ export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 step compile python -c "from gsplat.cuda._backend import _C; assert _C is not None"
 step gpu_tests python -m pytest -m gpu -q
 step gpu_render sh -c "python bench/gpu_render.py > '$OUT/gpu_render.json'"
+step gpu_train sh -c "python bench/gpu_train.py > '$OUT/gpu_train.json'"
 python - "$OUT" <<'PY'
 import json, pathlib, sys
 out = pathlib.Path(sys.argv[1])
 summary = {"stage": "done", "ok": True,
-           "gpu_render": json.loads((out / "gpu_render.json").read_text())}
+           **{name: json.loads((out / f"{name}.json").read_text())
+              for name in ("gpu_render", "gpu_train")}}
 (out / "summary.json").write_text(json.dumps(summary) + "\n")
 print(json.dumps(summary))
 PY

@@ -4,8 +4,9 @@ The same Gaussians (the garden splats' points at 3DGS initialisation, or
 ``--gaussians`` of them jittered) and a garden camera; forward and backward of
 the sum of the image, medians of ``--repeats`` runs after a warm-up (the
 first call compiles gsplat's kernels): ``ours_ms`` (``project`` then
-``rasterize``: our torch projection, gsplat's compositing), ``gsplat_ms``
-(its fused projection and compositing), their ratio, the largest pixel
+``rasterize``: the cuda backend, gsplat's kernels behind our contract, with
+bands and key-ordered ties), ``gsplat_ms`` (its ``rasterization()``), their
+ratio (the wrapper's overhead), the largest pixel
 difference between the two images, and the peak GPU memory of each.
 """
 

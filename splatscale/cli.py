@@ -77,7 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--iterations", type=_integer(1), default=None,
                        help="images to train on (default 30000; with --resume, the run's own)")
     train.add_argument("--batch-size", type=_integer(1), default=None, help="default 1")
-    train.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    train.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                       help="where training renders: cpu (numba kernels) or cuda (one "
+                            "NVIDIA GPU, gsplat's kernels: pip install 'splatscale[cuda]', "
+                            "and CUDA's compiler for their first build)")
     train.add_argument("--seed", type=_integer(0), default=None, help="default 0")
     train.add_argument("--resume", action="store_true",
                        help="continue the run in OUTPUT from its checkpoint.pt")

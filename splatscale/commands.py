@@ -24,7 +24,7 @@ from splatscale.errors import SplatscaleError, run_reported
 from splatscale.messages import muted, notice
 from splatscale.model.gaussians import GaussianModel
 from splatscale.model.ply import read_ply, write_ply, write_splat
-from splatscale.render import render as render_view
+from splatscale.render import cuda_backend, render as render_view
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
 from splatscale.train.metrics import ImageMetrics
@@ -44,11 +44,20 @@ def _store(args: Namespace, scene, white_background: bool = False) -> ImageStore
     return ImageStore(scene, args.resolution, args.max_width, args.cache_dir, background)
 
 
-def _check_device(device: str) -> None:
-    if device == "cuda":
-        raise SplatscaleError("--device cuda: training on CUDA is not available yet (the "
-                              "renderer composites CUDA tensors, the engines do not move "
-                              "there); train with --device cpu")
+def _check_device(args: Namespace) -> None:
+    """--device cuda: one process, a GPU torch can see, gsplat's kernels built."""
+    if args.device == "cpu":
+        return
+    if args.nproc > 1 or group.from_environment() is not None:
+        raise SplatscaleError("--device cuda with several ranks: distributed training runs "
+                              "on CPU ranks for now (its exchange goes over gloo in host "
+                              "memory); train on one GPU, or drop --device cuda")
+    if not torch.cuda.is_available():
+        raise SplatscaleError(f"--device cuda: torch {torch.__version__} sees no CUDA device"
+                              f" (its CUDA build: {torch.version.cuda or 'none'}); install a "
+                              "CUDA build of torch on a machine with an NVIDIA GPU, or train "
+                              "with --device cpu")
+    cuda_backend.load_kernels()
 
 
 # Flags that are settings of the run: on --resume the checkpoint's values hold.
@@ -83,7 +92,7 @@ def _resumed_config(args: Namespace, checkpoint: Path) -> TrainConfig:
 def train(args: Namespace) -> None:
     """Check everything that can be checked, then take the folder and train (with
     ``--nproc N``: check here, then train in N spawned local ranks)."""
-    _check_device(args.device)
+    _check_device(args)
     ranks = group.from_environment()
     if args.nproc > 1 and ranks is None:
         with muted():  # bad input is reported once, before ranks start; notices by rank 0
@@ -168,7 +177,7 @@ def _fixed_cost(args: Namespace) -> RowCost | None:
 def _single_engine(args: Namespace) -> EngineFactory:
     if args.offload:
         return partial(OffloadEngine, device=args.device, forwarding=args.forwarding)
-    return LocalEngine
+    return partial(LocalEngine, device=args.device)
 
 
 def _distributed_engine(ranks: group.Ranks, args: Namespace, model: GaussianModel,

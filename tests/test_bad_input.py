@@ -229,6 +229,42 @@ def test_bad_flags(output, capsys, flags, fragment):
     assert_untouched(output)
 
 
+def test_cuda_on_several_ranks_is_refused(output, capsys):
+    code = main(["train", "-o", str(output), "--quiet", "--device", "cuda", "--nproc", "2"])
+    assert_clean_error(code, capsys.readouterr().err, "--device cuda with several ranks")
+    assert_untouched(output)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_without_a_gpu_says_so(output, capsys):
+    code = main(["train", "-o", str(output), "--quiet", "--device", "cuda"])
+    assert_clean_error(code, capsys.readouterr().err, "sees no CUDA device",
+                       "or train with --device cpu")
+    assert_untouched(output)
+
+
+@pytest.mark.parametrize("missing, fragment", [
+    ({"gsplat.cuda": None}, "pip install 'splatscale[cuda]'"),
+    ({"gsplat.cuda._backend": type(sys)("no_toolkit")}, "no CUDA toolkit"),
+])
+def test_cuda_without_gsplat_or_its_compiler_says_what_to_install(output, capsys, monkeypatch,
+                                                                   missing, fragment):
+    from splatscale.render import cuda_backend
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for name, module in missing.items():
+        if module is not None:
+            module._C = None  # what gsplat leaves when it finds no nvcc
+        monkeypatch.setitem(sys.modules, name, module)
+    cuda_backend.cuda_kernels.cache_clear()
+    try:
+        code = main(["train", "-o", str(output), "--device", "cuda"])
+    finally:
+        cuda_backend.cuda_kernels.cache_clear()
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and fragment in err, err
+    assert_untouched(output)
+
+
 def test_output_that_is_a_file(tmp_path, capsys):
     target = tmp_path / "taken"
     target.write_text("a file")

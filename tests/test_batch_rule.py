@@ -52,3 +52,31 @@ def test_position_lr_decays_log_linearly_over_images():
     assert position_lr(15_000, 1.6e-4, 1.6e-6, 30_000) == pytest.approx(1.6e-5)
     assert position_lr(30_000, 1.6e-4, 1.6e-6, 30_000) == pytest.approx(1.6e-6)
     assert position_lr(90_000, 1.6e-4, 1.6e-6, 30_000) == pytest.approx(1.6e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_torch_step_equals_the_kernel(dtype):
+    """The step off the CPU (torch's in-place operations) against the numba kernel."""
+    import numpy as np
+    from splatscale.step.adam_kernels import adam_constants, adam_step
+    from splatscale.step.optimizer import adam_step_torch
+    g = torch.Generator().manual_seed(2)
+    h = batch_hyperparameters(0.01, 4)
+    kernel = [torch.randn(300, 3, generator=g, dtype=dtype) for _ in range(2)]
+    kernel.insert(2, torch.rand(300, 3, generator=g, dtype=dtype) * 1e-4)  # v >= 0
+    kernel[1][::7] = 0.0  # rows that start from zero moments
+    kernel[2][::7] = 0.0
+    torch_side = [t.clone() for t in kernel]
+    for t in range(1, 6):
+        grad = torch.randn(300, 3, generator=g, dtype=dtype)
+        grad[::5] = 0.0  # unseen rows
+        scale, root_bias2 = -h.lr / (1 - h.beta1 ** t), math.sqrt(1 - h.beta2 ** t)
+        arrays = [x.numpy() for x in (*kernel, grad)]
+        adam_step(*arrays, np.dtype(arrays[0].dtype).type(scale),
+                  np.dtype(arrays[0].dtype).type(root_bias2),
+                  adam_constants(h.beta1, h.beta2, h.eps, arrays[0].dtype))
+        adam_step_torch(*torch_side, grad, scale, root_bias2, h)
+    tolerance = dict(rtol=1e-12, atol=1e-15) if dtype == torch.float64 else dict(rtol=1e-6,
+                                                                                  atol=1e-7)
+    for ours, theirs in zip(torch_side, kernel):
+        torch.testing.assert_close(ours, theirs, **tolerance)

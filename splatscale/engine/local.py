@@ -1,4 +1,10 @@
-"""LocalEngine: the whole model, its gradients and optimiser state on one device."""
+"""LocalEngine: the whole model, its gradients and optimiser state on one device.
+
+The device is the CPU (the cpu backend's numba kernels) or a CUDA GPU (gsplat's
+kernels, Adam and densification as torch operations on device tensors).
+Checkpoints and exported models are CPU tensors whatever the device, so runs
+resume on either.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,9 @@ from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.engine import StepResult, TrainView
+from splatscale.engine.device_images import DeviceImages
 from splatscale.model.gaussians import GaussianModel
-from splatscale.render import RenderOutput, Splats, project, rasterize
+from splatscale.render import Backend, RenderOutput, Splats, project, rasterize
 from splatscale.render.projection import Visibility
 from splatscale.step import densify
 from splatscale.step.loss import photometric_loss, psnr
@@ -19,20 +26,33 @@ from splatscale.step.optimizer import GaussianAdam
 
 class LocalEngine:
     def __init__(self, model: GaussianModel, batch_size: int, background: torch.Tensor,
-                 ssim_weight: float = 0.2) -> None:
-        self.model = model.requires_grad_(True)
+                 ssim_weight: float = 0.2, device: str = "cpu",
+                 backend: Backend | None = None) -> None:
+        """``device`` renders (and here holds everything); ``backend`` None: the device's."""
+        self.device = torch.device(device)
+        self.backend = backend
+        self.model = self._stored(model).requires_grad_(True)
         self.batch_size = batch_size
-        self.background = background
+        self.background = background.to(self.device)
+        self.targets = DeviceImages(self.device)
         self.ssim_weight = ssim_weight
         self.optimizer = GaussianAdam(self.model.parameters(), batch_size)
-        self.stats = densify.DensifyStats.zeros(len(model), model.means.dtype)
+        self.stats = self._zero_stats()
         self.densify_events = 0
+
+    def _stored(self, model: GaussianModel) -> GaussianModel:
+        """``model`` where this engine keeps its master copy: on the device."""
+        return model.to(device=self.device)
+
+    def _zero_stats(self) -> densify.DensifyStats:
+        return densify.DensifyStats.zeros(len(self.model), self.model.means.dtype,
+                                          self.model.means.device)
 
     def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
         rows, working, seen = self._working_set([view.camera for view in batch])
         splats, result = self._loss_backward(working, batch, seen)
         if track_stats:
-            self._track(splats, batch, rows[splats.gaussian_ids])
+            self._track(splats, batch, rows[splats.gaussian_ids.to(rows.device)])
         self._gradients_taken(rows, working)
         return result
 
@@ -43,7 +63,7 @@ class LocalEngine:
                      ) -> tuple[Tensor, GaussianModel, Visibility | None]:
         """The rows a batch of ``cameras`` renders from, the model of those rows, and
         their visibility if it is known already."""
-        return torch.arange(len(self.model)), self.model, None
+        return torch.arange(len(self.model), device=self.model.means.device), self.model, None
 
     def _gradients_taken(self, rows: Tensor, working: GaussianModel) -> None:
         """The working model holds this step's gradients (here: ``self.model`` does)."""
@@ -57,14 +77,15 @@ class LocalEngine:
     def _loss_backward(self, model: GaussianModel, batch: list[TrainView],
                        seen: Visibility | None = None) -> tuple[Splats, StepResult]:
         """Render ``batch`` from ``model``, its loss averaged over the views, backward."""
-        splats = project(model, [view.camera for view in batch], seen)
+        splats = project(model, [view.camera for view in batch], seen, self.backend)
         splats.means2d.retain_grad()
         loss, psnrs = 0.0, []
         for i, view in enumerate(batch):
             out = rasterize(splats.of_camera(i), view.camera.width, view.camera.height,
-                            background=self.background)
-            loss = loss + photometric_loss(out.rgb, view.target, self.ssim_weight)
-            psnrs.append(psnr(out.rgb.detach(), view.target))
+                            background=self.background, backend=self.backend)
+            target = self.targets.target(view)
+            loss = loss + photometric_loss(out.rgb, target, self.ssim_weight)
+            psnrs.append(psnr(out.rgb.detach(), target))
         loss = loss / len(batch)
         loss.backward()
         return splats, StepResult(loss.item(), sum(psnrs) / len(psnrs))
@@ -78,7 +99,7 @@ class LocalEngine:
             lo, hi = splats.camera_offsets[i], splats.camera_offsets[i + 1]
             norms = densify.view_space_grad_norms(splats.means2d.grad[lo:hi], view.camera.width,
                                                   view.camera.height, len(batch))
-            self.stats.add(rows[lo:hi], norms)
+            self.stats.add(rows[lo:hi], norms.to(rows.device))
 
     def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
                           min_opacity: float, prune_large: bool) -> None:
@@ -97,10 +118,17 @@ class LocalEngine:
     def set_sh_degree(self, degree: int) -> None:
         self.model.sh_degree = degree
 
-    @torch.no_grad()
     def render(self, camera: Camera) -> RenderOutput:
-        return rasterize(project(self.model, [camera]).of_camera(0), camera.width,
-                         camera.height, background=self.background)
+        """On the device."""
+        _, model, seen = self._working_set([camera])
+        return self._render(model, camera, seen)
+
+    @torch.no_grad()
+    def _render(self, model: GaussianModel, camera: Camera,
+                seen: Visibility | None) -> RenderOutput:
+        return rasterize(project(model, [camera], seen, self.backend).of_camera(0),
+                         camera.width, camera.height, background=self.background,
+                         backend=self.backend)
 
     def shard(self) -> tuple[int, int]:
         return 0, 1
@@ -112,26 +140,39 @@ class LocalEngine:
         return len(self.model)
 
     def model_parts(self) -> Iterator[GaussianModel]:
-        yield self.model.detach()
+        yield self.model.detach().to(device="cpu")
 
     def non_finite(self) -> int:
         return len(self.model.non_finite_rows())
 
     def state_dict(self) -> dict:
-        return {"model": {n: t.detach().clone() for n, t in self.model.parameters().items()},
+        """The engine's state as CPU tensors, copied."""
+        def saved(t: Tensor) -> Tensor:
+            return t.detach().to("cpu", copy=True)
+        optimizer = self.optimizer.state_dict()
+        return {"model": {n: saved(t) for n, t in self.model.parameters().items()},
                 "sh_degree": self.model.sh_degree,
-                "optimizer": self.optimizer.state_dict(),
-                "stats": {"grad_sum": self.stats.grad_sum, "count": self.stats.count},
-                "keys": self.model.keys.clone(), "densify_events": self.densify_events}
+                "optimizer": dict(optimizer, **{kind: {n: saved(t) for n, t in
+                                                       optimizer[kind].items()}
+                                                for kind in ("exp_avg", "exp_avg_sq")}),
+                "stats": {"grad_sum": saved(self.stats.grad_sum),
+                          "count": saved(self.stats.count)},
+                "keys": saved(self.model.keys), "densify_events": self.densify_events}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model = GaussianModel(**{n: t.clone() for n, t in state["model"].items()},
-                                   sh_degree=state["sh_degree"],
-                                   keys=state["keys"].clone()).requires_grad_(True)
-        self.optimizer.load_state_dict(state["optimizer"])
+        home = self._stored(GaussianModel(**state["model"], sh_degree=state["sh_degree"],
+                                          keys=state["keys"]))
+        self.model = GaussianModel(**{n: t.clone() for n, t in home.parameters().items()},
+                                   sh_degree=home.sh_degree,
+                                   keys=home.keys.clone()).requires_grad_(True)
+        device = self.model.means.device
+        optimizer = state["optimizer"]
+        self.optimizer.load_state_dict(dict(optimizer, **{
+            kind: {n: t.to(device) for n, t in optimizer[kind].items()}
+            for kind in ("exp_avg", "exp_avg_sq")}))
         self.optimizer.params = self.model.parameters()
-        self.stats = densify.DensifyStats(state["stats"]["grad_sum"].clone(),
-                                          state["stats"]["count"].clone())
+        self.stats = densify.DensifyStats(state["stats"]["grad_sum"].to(device, copy=True),
+                                          state["stats"]["count"].to(device, copy=True))
         self.densify_events = state["densify_events"]
 
 

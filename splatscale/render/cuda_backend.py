@@ -30,6 +30,7 @@ from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.errors import SplatscaleError
+from splatscale.messages import notice
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.conventions import EPS2D, FAR_PLANE, NEAR_PLANE, TILE_SIZE
 from splatscale.render.splats import Splats, camera_tensors
@@ -58,6 +59,24 @@ def cuda_kernels() -> Kernels:
     return Kernels(_wrapper.fully_fused_projection, _wrapper.spherical_harmonics,
                    _wrapper.isect_tiles, _wrapper.isect_offset_encode,
                    _wrapper.rasterize_to_pixels)
+
+
+def load_kernels() -> Kernels:
+    """gsplat's CUDA kernels, compiled now if they are not yet (saying so first); a
+    ``SplatscaleError`` that says what to install when they cannot be."""
+    kernels = cuda_kernels()
+    notice("loading gsplat's CUDA kernels (compiled with nvcc on first use, which takes "
+           "minutes, then cached)")
+    try:
+        from gsplat.cuda._backend import _C
+    except (ImportError, OSError, RuntimeError) as failure:
+        raise SplatscaleError(f"gsplat could not build its CUDA kernels ({failure}): they "
+                              f"need CUDA's compiler nvcc (the CUDA {torch.version.cuda} "
+                              "toolkit) on PATH or in CUDA_HOME") from failure
+    if _C is None:
+        raise SplatscaleError("gsplat found no CUDA toolkit to build its kernels: install "
+                              f"the CUDA {torch.version.cuda} toolkit (nvcc) or set CUDA_HOME")
+    return kernels
 
 
 def _runs_of_equal_size(cameras: Sequence[Camera]) -> list[tuple[int, int]]:

@@ -31,8 +31,9 @@ class DensifyStats:
     count: Tensor
 
     @classmethod
-    def zeros(cls, n: int, dtype=torch.float32) -> "DensifyStats":
-        return cls(torch.zeros(n, dtype=dtype), torch.zeros(n, dtype=dtype))
+    def zeros(cls, n: int, dtype=torch.float32, device=None) -> "DensifyStats":
+        return cls(torch.zeros(n, dtype=dtype, device=device),
+                   torch.zeros(n, dtype=dtype, device=device))
 
     def add(self, gaussian_ids: Tensor, grad_norms: Tensor) -> None:
         """One view's visible Gaussians (each id at most once)."""
@@ -43,7 +44,8 @@ class DensifyStats:
 def view_space_grad_norms(means2d_grad: Tensor, width: int, height: int,
                           batch_size: int) -> Tensor:
     """Norms of d loss / d means2d in 3DGS's units (NDC, per view's own loss)."""
-    scale = torch.tensor([width / 2.0, height / 2.0], dtype=means2d_grad.dtype) * batch_size
+    scale = torch.tensor([width / 2.0, height / 2.0], dtype=means2d_grad.dtype,
+                         device=means2d_grad.device) * batch_size
     return (means2d_grad * scale).norm(dim=-1)
 
 
@@ -90,12 +92,13 @@ def densify_and_prune(model: GaussianModel, optimizer: GaussianAdam, stats: Dens
     large = model.scales.detach().max(dim=1).values > percent_dense * extent
     clone = (grads >= grad_threshold) & ~large
     split = (grads >= grad_threshold) & large
-    all_rows = torch.ones(len(model), dtype=torch.bool)
+    device = model.means.device
+    all_rows = torch.ones(len(model), dtype=torch.bool, device=device)
 
     # Clone: exact copies, appended.
     cloned = _rows_of(model, clone, event)
     _replace_rows(model, optimizer, all_rows, cloned)
-    split = torch.cat([split, torch.zeros(int(clone.sum()), dtype=torch.bool)])
+    split = torch.cat([split, torch.zeros(int(clone.sum()), dtype=torch.bool, device=device)])
 
     # Split: N samples from each selected Gaussian, scales shrunk; originals removed.
     rows = _rows_of(model, split, event, SPLIT_INTO)
@@ -110,7 +113,7 @@ def densify_and_prune(model: GaussianModel, optimizer: GaussianAdam, stats: Dens
     if prune_large:
         prune |= model.scales.detach().max(dim=1).values > 0.1 * extent
     _replace_rows(model, optimizer, ~prune)
-    return DensifyStats.zeros(len(model), stats.grad_sum.dtype)
+    return DensifyStats.zeros(len(model), stats.grad_sum.dtype, device)
 
 
 def reset_opacity(model: GaussianModel, optimizer: GaussianAdam) -> None:

@@ -37,10 +37,19 @@ def batch_hyperparameters(lr: float, batch_size: int, betas=BETAS, eps: float = 
     return AdamHyper(lr * root, betas[0] ** batch_size, betas[1] ** batch_size, eps / root)
 
 
+def adam_step_torch(param: Tensor, m: Tensor, v: Tensor, grad: Tensor, scale: float,
+                    root_bias2: float, h: AdamHyper) -> None:
+    """``adam_kernels``' step in torch's in-place operations, for tensors off the CPU
+    (``lerp_`` is m + (1 - beta1) (g - m), the kernels' form)."""
+    m.lerp_(grad, 1 - h.beta1)
+    v.mul_(h.beta2).addcmul_(grad, grad, value=1 - h.beta2)
+    param.addcdiv_(m, v.sqrt().div_(root_bias2).add_(h.eps), value=scale)
+
+
 class GaussianAdam:
     """Adam, one group per named parameter; ``step`` is torch.optim.Adam's formula,
-    computed by ``adam_kernels`` (the offload engine replays skipped steps with the
-    same code)."""
+    computed by ``adam_kernels`` on the CPU (the offload engine replays skipped steps
+    with the same code) and by ``adam_step_torch`` on other devices."""
 
     def __init__(self, params: dict[str, Tensor], batch_size: int = 1) -> None:
         self.params = params
@@ -61,12 +70,16 @@ class GaussianAdam:
             h = self.hyper(learning_rates[name])
             self.steps[name] += 1
             t = self.steps[name]
-            rows = [x.detach().view(len(param), -1).numpy()
-                    for x in (param, self.exp_avg[name], self.exp_avg_sq[name], param.grad)]
-            dtype = rows[0].dtype.type
-            adam_step(*rows, dtype(-h.lr / (1 - h.beta1 ** t)),
-                      dtype(math.sqrt(1 - h.beta2 ** t)),
-                      adam_constants(h.beta1, h.beta2, h.eps, rows[0].dtype))
+            scale, root_bias2 = -h.lr / (1 - h.beta1 ** t), math.sqrt(1 - h.beta2 ** t)
+            tensors = [x.detach().view(len(param), -1)
+                       for x in (param, self.exp_avg[name], self.exp_avg_sq[name], param.grad)]
+            if param.device.type == "cpu":
+                rows = [x.numpy() for x in tensors]
+                dtype = rows[0].dtype.type
+                adam_step(*rows, dtype(scale), dtype(root_bias2),
+                          adam_constants(h.beta1, h.beta2, h.eps, rows[0].dtype))
+            else:
+                adam_step_torch(*tensors, scale, root_bias2, h)
 
     def zero_grad(self) -> None:
         for param in self.params.values():

@@ -181,7 +181,7 @@ class Trainer:
         scores = metrics.ImageMetrics()
         for i in ids:
             out = self.engine.render(self.store.camera(i))
-            image = out.rgb.clamp(0, 1)
+            image = out.rgb.clamp(0, 1).cpu()
             scores.add(image, self.store.as_float(i))
             if render_dir is not None:
                 name = Path(self.store.camera(i).name).stem + ".png"

@@ -33,7 +33,7 @@ from splatscale.engine.offload.culling import DeviceGeometry, candidates
 from splatscale.engine.offload.host_adam import DeferredAdam
 from splatscale.engine.offload.pipeline import Update, UpdatePipeline
 from splatscale.model.gaussians import GaussianModel
-from splatscale.render import RenderOutput
+from splatscale.render import Backend, RenderOutput
 from splatscale.render.projection import Visibility, visibility
 
 GEOMETRY = ("means", "log_scales", "quats")
@@ -43,11 +43,10 @@ EXACT_TEST = (*GEOMETRY, "opacity_logits")  # what project's visibility test rea
 class OffloadEngine(LocalEngine):
     def __init__(self, model: GaussianModel, batch_size: int, background: Tensor,
                  ssim_weight: float = 0.2, device: str = "cpu",
-                 forwarding: bool | None = None) -> None:
+                 forwarding: bool | None = None, backend: Backend | None = None) -> None:
         """``forwarding`` None: on when the device is not the host's CPU. On a CPU the
         two halves share the cores, so overlapping them only adds contention."""
-        super().__init__(model, batch_size, background, ssim_weight)
-        self.device = torch.device(device)
+        super().__init__(model, batch_size, background, ssim_weight, device, backend)
         if forwarding is None:
             forwarding = self.device.type != "cpu"
         self.pipeline = UpdatePipeline(forwarding)
@@ -57,6 +56,10 @@ class OffloadEngine(LocalEngine):
         self.graded: dict[str, Tensor] = {}  # the master tensors the gradients belong to
         self.moved_to_device = 0  # bytes of the last step, host to device
         self.last_counts = 0, 0  # the last step's candidates and visible rows
+
+    def _stored(self, model: GaussianModel) -> GaussianModel:
+        """The master copy stays in host memory."""
+        return model.to(device="cpu")
 
     def _device_geometry(self) -> DeviceGeometry:
         """The device's copy of the master geometry; every row current."""
@@ -171,6 +174,7 @@ class OffloadEngine(LocalEngine):
         super().reset_opacity()
 
     def render(self, camera: Camera) -> RenderOutput:
+        """On the device, from the rows the camera sees (every row current)."""
         self._bring_current()
         return super().render(camera)
 

@@ -1,0 +1,41 @@
+"""Training images on the engine's device: each uploaded once, kept while they fit."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from splatscale.engine import TrainView
+
+BUDGET_SHARE = 0.25  # of the device memory free when the first image arrives
+
+
+class DeviceImages:
+    """The targets of training views on ``device``. On the CPU they are the views' own
+    tensors; elsewhere an image is uploaded the first time its view comes and kept,
+    by camera name, until the kept images would pass ``budget`` bytes (by default a
+    quarter of the free device memory); later ones are uploaded at each use."""
+
+    def __init__(self, device: torch.device, budget: int | None = None) -> None:
+        self.device = device
+        self.budget = budget
+        self.kept: dict[str, Tensor] = {}
+        self.kept_bytes = 0
+
+    def target(self, view: TrainView) -> Tensor:
+        if self.device.type == "cpu":
+            return view.target
+        name = view.camera.name
+        if name in self.kept:
+            return self.kept[name]
+        image = view.target.to(self.device, non_blocking=True)
+        if name and self.kept_bytes + image.nbytes <= self._budget():
+            self.kept[name] = image
+            self.kept_bytes += image.nbytes
+        return image
+
+    def _budget(self) -> int:
+        if self.budget is None:
+            free, _ = torch.cuda.mem_get_info(self.device)
+            self.budget = int(free * BUDGET_SHARE)
+        return self.budget

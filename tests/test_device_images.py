@@ -1,0 +1,33 @@
+"""Training images kept on the engine's device while they fit."""
+
+from __future__ import annotations
+
+import torch
+
+from splatscale.engine import TrainView
+from splatscale.engine.device_images import DeviceImages
+from tests.conftest import orbit_cameras
+
+
+def views(count: int) -> list[TrainView]:
+    cameras = orbit_cameras(count, 20, 10)
+    return [TrainView(type(c)(c.viewmat, c.K, c.width, c.height, f"view{i}"),
+                      torch.rand(10, 20, 3)) for i, c in enumerate(cameras)]
+
+
+def test_on_the_cpu_the_views_own_images_are_used():
+    images, view = DeviceImages(torch.device("cpu")), views(1)[0]
+    assert images.target(view) is view.target and not images.kept
+
+
+def test_images_are_uploaded_once_and_kept_within_the_budget():
+    image_bytes = 10 * 20 * 3 * 4
+    images = DeviceImages(torch.device("meta"), budget=2 * image_bytes)
+    first, second, third = views(3)
+    kept = images.target(first)
+    assert kept.device.type == "meta" and kept.shape == first.target.shape
+    assert images.target(first) is kept  # not uploaded again
+    images.target(second)
+    again = images.target(third)
+    assert again.device.type == "meta" and images.target(third) is not again  # over budget
+    assert set(images.kept) == {"view0", "view1"} and images.kept_bytes == 2 * image_bytes
