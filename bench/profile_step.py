@@ -3,7 +3,7 @@
 A step of ``LocalEngine`` at B = 1 (the Trainer's step, taken apart with the
 same calls), timed stage by stage, median of ``--steps`` steps after a
 warm-up, for snowmiku's SfM points jittered up to each model size in
-``--sizes``, at full and half resolution:
+``--sizes`` (or a trained model, ``--model``), at full and half resolution:
 
 image (fetch and convert the target), projection (forward), binning,
 compositing (forward), loss (forward), loss backward, compositing backward,
@@ -20,6 +20,7 @@ import json
 import statistics
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ from splatscale.data.images import ImageStore
 from splatscale.engine import TrainView
 from splatscale.engine.local import LocalEngine
 from splatscale.model import init_from_points
+from splatscale.model.ply import read_ply
 from splatscale.render import project
 from splatscale.render.binning import bin_tiles
 from splatscale.render.rasterize import composite
@@ -112,11 +114,15 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[25_784, 100_000, 300_000])
     parser.add_argument("--resolutions", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--model", type=Path, help="a trained snowmiku model (PLY) to profile "
+                        "instead of the jittered SfM points (its SH degree: 3)")
     args = parser.parse_args()
     scene = read_colmap(DATA / "snowmiku")
     runs = []
-    for size in args.sizes:
-        model = init_from_points(*jittered(scene.points, scene.colors, size))
+    models = ([read_ply(args.model)] if args.model else
+              (init_from_points(*jittered(scene.points, scene.colors, size))
+               for size in args.sizes))
+    for model in models:
         for resolution in args.resolutions:
             store = ImageStore(scene, resolution=resolution, background=scene.background)
             camera = store.camera(0)

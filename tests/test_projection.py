@@ -117,3 +117,41 @@ def test_visibility_kernel_equals_the_torch_test(wide_scene, dtype):
     torch.testing.assert_close(ours.radii[ours.visible], reference.radii[reference.visible],
                                rtol=0, atol=1)  # ceil of values rounded differently
     assert (ours.radii[ours.visible] == reference.radii[reference.visible]).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("degree", [0, 1, 2, 3])
+def test_sh_kernels_equal_the_torch_colours(wide_scene, degree):
+    from splatscale.render.projection import _sh_colors, _ShColors
+    model, cameras = wide_scene
+    gaussian_ids, camera_ids, viewmats, _, _ = pairs_of(model, cameras)
+    centres = torch.stack([c.center for c in cameras])
+    leaves = [t.detach().clone() for t in (model.means, model.sh0, model.shN)]
+    leaves[1][::5] *= 4  # some colours clamped at 0
+    leaves[2][::5] *= 8
+    leaves = [t.requires_grad_(True) for t in leaves]
+    ours = _ShColors.apply(*leaves, gaussian_ids, camera_ids, centres, degree)
+    reference = _sh_colors(*leaves, gaussian_ids, camera_ids, centres, degree)
+    torch.testing.assert_close(ours, reference, rtol=1e-12, atol=1e-12)
+    assert (reference == 0).any(), "the clamp must hold some colours"
+    upstream = torch.randn(ours.shape, generator=torch.Generator().manual_seed(3),
+                           dtype=ours.dtype)
+    ours_grad = torch.autograd.grad((ours * upstream).sum(), leaves, allow_unused=True)
+    reference_grad = torch.autograd.grad((reference * upstream).sum(), leaves,
+                                         allow_unused=True)
+    for a, b in zip(ours_grad, reference_grad):
+        if b is None:
+            assert a is None
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_sh_kernels_pass_gradcheck(wide_scene):
+    from splatscale.render.projection import _ShColors
+    model, cameras = wide_scene
+    small = GaussianModel(**{n: t[:30].detach().clone() for n, t in model.parameters().items()})
+    gaussian_ids, camera_ids, _, _, _ = pairs_of(small, cameras)
+    centres = torch.stack([c.center for c in cameras])
+    leaves = [t.detach().clone().requires_grad_(True) for t in (small.means, small.sh0,
+                                                                 small.shN)]
+    assert torch.autograd.gradcheck(
+        lambda *p: _ShColors.apply(*p, gaussian_ids, camera_ids, centres, 3), leaves)

@@ -1,11 +1,13 @@
 """Numba compositing kernels of the cpu backend: forward and backward per 16x16 tile.
 
 Each tile is independent (``prange`` over tiles). Inside a tile the loop over
-its depth-sorted splats is outside and the 256 pixels are inside, so LLVM
+its depth-sorted splats is outside and the pixels are inside, so LLVM
 vectorises the pixel loop; every per-pixel decision is a select, not a branch.
-Each splat is evaluated only on the tile rows its box reaches. The
-kernels composite exactly four channels, RGB and depth, fused into the pixel
-loop rather than looped over.
+A tile's pixels are stored as eight blocks of 8x4 (32 consecutive values, one
+vectorised loop each), and a splat is evaluated only on the blocks where its
+alpha can reach 1/255 (``_block_reached``): elsewhere it changes no pixel and
+no gradient. The kernels composite exactly four channels, RGB and depth,
+fused into the pixel loop rather than looped over.
 The backward pass writes one gradient row per intersection; rows are summed per
 splat afterwards in a fixed order, so results never depend on thread timing.
 
@@ -34,6 +36,13 @@ CHANNELS = 4  # red, green, blue, depth
 # Gradient row layout per intersection: means2d (2), conic (3), opacity, rgb (3), depth.
 GRAD_MEAN, GRAD_CONIC, GRAD_OPACITY, GRAD_COLOR, GRAD_DEPTH = 0, 2, 5, 6, 9
 GRAD_WIDTH = 10
+
+# The kernels read the splats through ``pack``: one row per intersection, in
+# intersection order (tile by tile, nearest first), so a tile reads consecutive
+# rows; read through the splat ids, every intersection would be a cache miss.
+(MEAN_X, MEAN_Y, CONIC_A, CONIC_B, CONIC_C, OPACITY, RED, GREEN, BLUE, DEPTH, RADIUS_X,
+ RADIUS_Y, SIGMA_MAX) = range(13)
+PACKED_WIDTH = 16  # 64 bytes in float32: one cache line
 
 
 @intrinsic
@@ -91,19 +100,79 @@ def _exp_neg_overload(s):
     return fast
 
 
-@nb.njit(inline="always")
-def _pixel_span(my, radius_y, tile_y):
-    """The pixels [lo, hi) of a tile in the rows the splat's box reaches.
+BLOCK_W, BLOCK_H = 8, 4
+BLOCK = BLOCK_W * BLOCK_H
+BLOCKS_X = TILE // BLOCK_W
+BLOCKS = PIXELS // BLOCK
 
-    Beyond its box (3.33 sigma) a splat's alpha is below 1/255, so skipping the
-    other rows changes no pixel and no gradient; one row of slack each side
-    absorbs rounding. The span is widened to whole pairs of rows (32 pixels, a
-    multiple of the vectorised loop's stride) so no scalar remainder loop runs.
-    """
-    top = my - radius_y - tile_y * TILE
-    pair_lo = max(0, int(math.floor(top)) - 1) // 2
-    pair_hi = (min(TILE, int(math.ceil(top + 2 * radius_y)) + 1) + 1) // 2
-    return pair_lo * 2 * TILE, max(pair_lo, pair_hi) * 2 * TILE
+
+@nb.njit(inline="always")
+def _tile_xy(p):
+    """Column and row in its tile of pixel p: 8x4 blocks, row-major inside a block,
+    the blocks row-major in the tile."""
+    block, q = p // BLOCK, p % BLOCK
+    return (block % BLOCKS_X) * BLOCK_W + q % BLOCK_W, (block // BLOCKS_X) * BLOCK_H + q // BLOCK_W
+
+
+@nb.njit(inline="always")
+def _edge_min(a, b, c, fixed, lo, hi):
+    """min over t in [lo, hi] of 0.5 a fixed^2 + b fixed t + 0.5 c t^2 (c > 0)."""
+    t = min(max(-b * fixed / c, lo), hi)
+    return 0.5 * a * fixed * fixed + b * fixed * t + 0.5 * c * t * t
+
+
+@nb.njit(inline="always")
+def _block_reached(mx, my, rx, ry, a, b, c, sigma_max, x0, y0):
+    """Whether the splat may reach alpha 1/255 at a pixel centre of the block whose
+    first pixel is (x0, y0): its box (with a pixel of slack) meets the block, and
+    sigma's minimum over the block's centres is at most ``sigma_max`` = ln(255
+    opacity), with a margin far above float32 rounding. In float64 throughout."""
+    if (mx + rx + 1.0 < x0 or mx - rx - 1.0 > x0 + BLOCK_W
+            or my + ry + 1.0 < y0 or my - ry - 1.0 > y0 + BLOCK_H):
+        return False
+    # d = mean - pixel centre over the block: a convex quadratic's minimum over a
+    # rectangle is 0 inside it, else on an edge.
+    dx_lo, dx_hi = mx - (x0 + BLOCK_W - 0.5), mx - (x0 + 0.5)
+    dy_lo, dy_hi = my - (y0 + BLOCK_H - 0.5), my - (y0 + 0.5)
+    dxm, dym = max(-dx_lo, dx_hi), max(-dy_lo, dy_hi)
+    margin = 0.01 + 1e-5 * (abs(a) * dxm * dxm + 2 * abs(b) * dxm * dym + abs(c) * dym * dym)
+    if dx_lo <= 0.0 <= dx_hi and dy_lo <= 0.0 <= dy_hi:
+        return True
+    lowest = min(_edge_min(a, b, c, dx_lo, dy_lo, dy_hi), _edge_min(a, b, c, dx_hi, dy_lo, dy_hi),
+                 _edge_min(c, b, a, dy_lo, dx_lo, dx_hi), _edge_min(c, b, a, dy_hi, dx_lo, dx_hi))
+    return lowest <= sigma_max + margin
+
+
+@nb.njit(parallel=True, cache=True)
+def pack(splat_ids, means2d, conics, opacities, colors, depths, radii, sigma_max,
+         out):  # pragma: no cover - compiled
+    """out[k]: the values of splat splat_ids[k] the kernels read (the layout above)."""
+    for k in nb.prange(splat_ids.shape[0]):
+        g = splat_ids[k]
+        out[k, MEAN_X], out[k, MEAN_Y] = means2d[g, 0], means2d[g, 1]
+        out[k, CONIC_A], out[k, CONIC_B], out[k, CONIC_C] = conics[g, 0], conics[g, 1], conics[g, 2]
+        out[k, OPACITY], out[k, DEPTH] = opacities[g], depths[g]
+        out[k, RED], out[k, GREEN], out[k, BLUE] = colors[g, 0], colors[g, 1], colors[g, 2]
+        out[k, RADIUS_X], out[k, RADIUS_Y] = radii[g, 0], radii[g, 1]
+        out[k, SIGMA_MAX] = sigma_max[g]
+
+
+@nb.njit(inline="always")
+def _blocks_reached(k, packed, tile_x, tile_y):
+    """Bit i set: intersection k's splat may reach block i of the tile
+    (``_block_reached``)."""
+    row = packed[k]
+    mx, my = np.float64(row[MEAN_X]), np.float64(row[MEAN_Y])
+    a, b, c = np.float64(row[CONIC_A]), np.float64(row[CONIC_B]), np.float64(row[CONIC_C])
+    rx, ry = np.float64(row[RADIUS_X]), np.float64(row[RADIUS_Y])
+    limit = np.float64(row[SIGMA_MAX])
+    mask = 0
+    for block in range(BLOCKS):
+        x0 = tile_x * TILE + (block % BLOCKS_X) * BLOCK_W
+        y0 = tile_y * TILE + (block // BLOCKS_X) * BLOCK_H
+        if _block_reached(mx, my, rx, ry, a, b, c, limit, x0, y0):
+            mask |= 1 << block
+    return mask
 
 
 @nb.njit(inline="always")
@@ -112,27 +181,29 @@ def _pixels(lo, hi):
     wraparound that would otherwise turn every array access into a gather."""
     return range(np.uint64(lo), np.uint64(hi))
 
+
 @nb.njit(inline="always")
 def _pixel_centres(tile_x, tile_y, dtype):
-    """x and y of the tile's 256 pixel centres, row-major."""
+    """x and y of the tile's 256 pixel centres, in block order."""
     half = _constants(dtype)[2]
     px = np.empty(PIXELS, dtype)
     py = np.empty(PIXELS, dtype)
     for p in range(PIXELS):
-        px[p] = tile_x * TILE + p % TILE + half
-        py[p] = tile_y * TILE + p // TILE + half
+        x, y = _tile_xy(p)
+        px[p] = tile_x * TILE + x + half
+        py[p] = tile_y * TILE + y + half
     return px, py
 
 
 @nb.njit(inline="always", fastmath=True)
-def _blend_splat(g, means2d, conics, opacities, colors, depths, local_k, px, py, T, live,
-                 last, acc, lo, hi):
-    """Blend splat g into pixels [lo, hi); returns how many pixels it finished."""
+def _blend_splat(k, packed, local_k, px, py, T, live, last, acc, lo, hi):
+    """Blend intersection k's splat into pixels [lo, hi); returns how many pixels
+    it finished."""
     zero, one, half, alpha_max, alpha_min, t_min = _constants(px.dtype)
-    mx, my = means2d[g, 0], means2d[g, 1]
-    ca, cb, cc = conics[g, 0], conics[g, 1], conics[g, 2]
-    opacity = opacities[g]
-    c0, c1, c2, c3 = colors[g, 0], colors[g, 1], colors[g, 2], depths[g]
+    mx, my = packed[k, MEAN_X], packed[k, MEAN_Y]
+    ca, cb, cc = packed[k, CONIC_A], packed[k, CONIC_B], packed[k, CONIC_C]
+    opacity = packed[k, OPACITY]
+    c0, c1, c2, c3 = packed[k, RED], packed[k, GREEN], packed[k, BLUE], packed[k, DEPTH]
     stopped = zero
     for p in _pixels(lo, hi):
         dx, dy = mx - px[p], my - py[p]
@@ -161,14 +232,14 @@ def _blend_splat(g, means2d, conics, opacities, colors, depths, local_k, px, py,
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
-def forward(means2d, conics, opacities, colors, depths, background, radii, splat_ids, offsets,
-            tile_order, tiles_x, tile_row0, width, y0, y1, out_rgb, out_depth, out_T, out_last):
+def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1, out_rgb,
+            out_depth, out_T, out_last):
     """Composite each tile front to back; keep final T and the last splat per pixel.
 
     ``out_depth`` gets the alpha-weighted depth sum (no background).
     """
-    zero, one, _, _, _, _ = _constants(means2d.dtype)
-    dtype = means2d.dtype
+    zero, one, _, _, _, _ = _constants(packed.dtype)
+    dtype = packed.dtype
     for i in nb.prange(tile_order.shape[0]):
         t = tile_order[i]
         tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
@@ -180,19 +251,22 @@ def forward(means2d, conics, opacities, colors, depths, background, radii, splat
         start = offsets[t]
         n_live = 0
         for p in range(PIXELS):
-            x, y = tile_x * TILE + p % TILE, tile_y * TILE + p // TILE
+            x, y = _tile_xy(p)
+            x, y = tile_x * TILE + x, tile_y * TILE + y
             inside = x < width and y0 <= y and y < y1
             live[p] = one if inside else zero
             n_live += inside
         for k in range(start, offsets[t + 1]):
             if n_live == 0:
                 break
-            g = splat_ids[k]
-            lo, hi = _pixel_span(means2d[g, 1], radii[g, 1], tile_y)
-            n_live -= _blend_splat(g, means2d, conics, opacities, colors, depths,
-                                   dtype.type(k - start), px, py, T, live, last, acc, lo, hi)
+            reached = _blocks_reached(k, packed, tile_x, tile_y)
+            for block in range(BLOCKS):
+                if reached >> block & 1:
+                    n_live -= _blend_splat(k, packed, dtype.type(k - start), px, py, T, live,
+                                           last, acc, block * BLOCK, (block + 1) * BLOCK)
         for p in range(PIXELS):
-            x, y = tile_x * TILE + p % TILE, tile_y * TILE + p // TILE
+            x, y = _tile_xy(p)
+            x, y = tile_x * TILE + x, tile_y * TILE + y
             if x < width and y0 <= y and y < y1:
                 for ch in range(3):
                     out_rgb[y - y0, x, ch] = acc[ch, p] + T[p] * background[ch]
@@ -202,9 +276,9 @@ def forward(means2d, conics, opacities, colors, depths, background, radii, splat
 
 
 @nb.njit(inline="always", fastmath=True)
-def _backprop_splat(g, means2d, conics, opacities, colors, depths, local_k, px, py, T, last,
-                    v_out, behind, tail, lo, hi, out, row):
-    """Gradient of splat g over pixels [lo, hi), written to ``out[row]``.
+def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, reached, out):
+    """Gradient of intersection k's splat over the blocks set in ``reached``, written
+    to ``out[k]``.
 
     Un-blends the splat (T recovered by division, as the CUDA kernels do). Per
     pixel, ``v_out`` is d loss / d pixel channels, ``behind`` the channels of
@@ -212,60 +286,62 @@ def _backprop_splat(g, means2d, conics, opacities, colors, depths, local_k, px, 
     through the background weight.
     """
     zero, one, half, alpha_max, alpha_min, _ = _constants(px.dtype)
-    mx, my = means2d[g, 0], means2d[g, 1]
-    ca, cb, cc = conics[g, 0], conics[g, 1], conics[g, 2]
-    opacity = opacities[g]
-    c0, c1, c2, c3 = colors[g, 0], colors[g, 1], colors[g, 2], depths[g]
+    mx, my = packed[k, MEAN_X], packed[k, MEAN_Y]
+    ca, cb, cc = packed[k, CONIC_A], packed[k, CONIC_B], packed[k, CONIC_C]
+    opacity = packed[k, OPACITY]
+    c0, c1, c2, c3 = packed[k, RED], packed[k, GREEN], packed[k, BLUE], packed[k, DEPTH]
     # d sigma / d(conic, mean) are products of dx, dy: sum v_sigma times each over the
     # pixels, and form the gradients once per splat after the loop.
     s_x = s_y = s_xx = s_xy = s_yy = v_op = v_c0 = v_c1 = v_c2 = v_c3 = zero
-    for p in _pixels(lo, hi):
-        dx, dy = mx - px[p], my - py[p]
-        sigma = half * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
-        gauss = _exp_neg(sigma)
-        raw_alpha = opacity * gauss
-        alpha = raw_alpha if raw_alpha < alpha_max else alpha_max
-        in_front = one if local_k <= last[p] else zero
-        visible = one if sigma >= zero else zero
-        strong = one if alpha >= alpha_min else zero
-        u = in_front * visible * strong
-        ra = one / (one - alpha)
-        T_here = T[p] * ra
-        T[p] *= u * ra + (one - u)  # exact blend: ra or 1
-        weight = u * alpha * T_here
-        o0, o1, o2, o3 = v_out[0, p], v_out[1, p], v_out[2, p], v_out[3, p]
-        v_c0 += weight * o0
-        v_c1 += weight * o1
-        v_c2 += weight * o2
-        v_c3 += weight * o3
-        q = c0 * o0 + c1 * o1 + c2 * o2 + c3 * o3
-        v_a = u * (T_here * q - ra * (behind[p] + tail[p]))
-        behind[p] += weight * q
-        unclamped = one if raw_alpha < alpha_max else zero
-        v_raw = v_a * unclamped
-        v_op += gauss * v_raw
-        v_sigma = -raw_alpha * v_raw
-        x_sigma, y_sigma = dx * v_sigma, dy * v_sigma
-        s_x += x_sigma
-        s_y += y_sigma
-        s_xx += dx * x_sigma
-        s_xy += dy * x_sigma
-        s_yy += dy * y_sigma
-    out[row, GRAD_MEAN], out[row, GRAD_MEAN + 1] = ca * s_x + cb * s_y, cc * s_y + cb * s_x
-    out[row, GRAD_CONIC], out[row, GRAD_CONIC + 1] = half * s_xx, s_xy
-    out[row, GRAD_CONIC + 2] = half * s_yy
-    out[row, GRAD_OPACITY] = v_op
-    out[row, GRAD_COLOR], out[row, GRAD_COLOR + 1] = v_c0, v_c1
-    out[row, GRAD_COLOR + 2], out[row, GRAD_COLOR + 3] = v_c2, v_c3
+    for block in range(BLOCKS):
+        if not reached >> block & 1:
+            continue
+        for p in _pixels(block * BLOCK, (block + 1) * BLOCK):
+            dx, dy = mx - px[p], my - py[p]
+            sigma = half * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
+            gauss = _exp_neg(sigma)
+            raw_alpha = opacity * gauss
+            alpha = raw_alpha if raw_alpha < alpha_max else alpha_max
+            in_front = one if local_k <= last[p] else zero
+            visible = one if sigma >= zero else zero
+            strong = one if alpha >= alpha_min else zero
+            u = in_front * visible * strong
+            ra = one / (one - alpha)
+            T_here = T[p] * ra
+            T[p] *= u * ra + (one - u)  # exact blend: ra or 1
+            weight = u * alpha * T_here
+            o0, o1, o2, o3 = v_out[0, p], v_out[1, p], v_out[2, p], v_out[3, p]
+            v_c0 += weight * o0
+            v_c1 += weight * o1
+            v_c2 += weight * o2
+            v_c3 += weight * o3
+            q = c0 * o0 + c1 * o1 + c2 * o2 + c3 * o3
+            v_a = u * (T_here * q - ra * (behind[p] + tail[p]))
+            behind[p] += weight * q
+            unclamped = one if raw_alpha < alpha_max else zero
+            v_raw = v_a * unclamped
+            v_op += gauss * v_raw
+            v_sigma = -raw_alpha * v_raw
+            x_sigma, y_sigma = dx * v_sigma, dy * v_sigma
+            s_x += x_sigma
+            s_y += y_sigma
+            s_xx += dx * x_sigma
+            s_xy += dy * x_sigma
+            s_yy += dy * y_sigma
+    out[k, GRAD_MEAN], out[k, GRAD_MEAN + 1] = ca * s_x + cb * s_y, cc * s_y + cb * s_x
+    out[k, GRAD_CONIC], out[k, GRAD_CONIC + 1] = half * s_xx, s_xy
+    out[k, GRAD_CONIC + 2] = half * s_yy
+    out[k, GRAD_OPACITY] = v_op
+    out[k, GRAD_COLOR], out[k, GRAD_COLOR + 1] = v_c0, v_c1
+    out[k, GRAD_COLOR + 2], out[k, GRAD_COLOR + 3] = v_c2, v_c3
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
-def backward(means2d, conics, opacities, colors, depths, background, radii, splat_ids, offsets,
-             tile_order, tiles_x, tile_row0, width, y0, y1, final_T, last_index, v_rgb, v_depth,
-             v_alpha, isect_grads):
+def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1, final_T,
+             last_index, v_rgb, v_depth, v_alpha, isect_grads):
     """Walk each tile back to front, one gradient row per intersection."""
-    one = _constants(means2d.dtype)[1]
-    dtype = means2d.dtype
+    one = _constants(packed.dtype)[1]
+    dtype = packed.dtype
     for i in nb.prange(tile_order.shape[0]):
         t = tile_order[i]
         tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
@@ -278,7 +354,8 @@ def backward(means2d, conics, opacities, colors, depths, background, radii, spla
         start = offsets[t]
         k_max = start - 1
         for p in range(PIXELS):
-            x, y = tile_x * TILE + p % TILE, tile_y * TILE + p // TILE
+            x, y = _tile_xy(p)
+            x, y = tile_x * TILE + x, tile_y * TILE + y
             if x < width and y0 <= y and y < y1:
                 T[p] = final_T[y - y0, x]
                 last[p] = last_index[y - y0, x] - start
@@ -290,10 +367,9 @@ def backward(means2d, conics, opacities, colors, depths, background, radii, spla
                 v_out[3, p] = v_depth[y - y0, x]
                 tail[p] = T[p] * weighted_bg
         for k in range(k_max, start - 1, -1):
-            g = splat_ids[k]
-            lo, hi = _pixel_span(means2d[g, 1], radii[g, 1], tile_y)
-            _backprop_splat(g, means2d, conics, opacities, colors, depths, dtype.type(k - start),
-                            px, py, T, last, v_out, behind, tail, lo, hi, isect_grads, k)
+            reached = _blocks_reached(k, packed, tile_x, tile_y)
+            _backprop_splat(k, packed, dtype.type(k - start), px, py, T, last, v_out, behind,
+                            tail, reached, isect_grads)
 
 
 @nb.njit(cache=True)

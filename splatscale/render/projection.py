@@ -19,9 +19,8 @@ from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FRUSTUM_CLAMP,
                                            NEAR_PLANE, RADIUS_SIGMAS)
-from splatscale.render import cuda_backend, projection_kernels
+from splatscale.render import cuda_backend, projection_kernels, sh_kernels
 from splatscale.render.backend import Backend, backend_for
-from splatscale.render.cpu_kernels import sum_per_splat
 from splatscale.render.sh import sh_to_color
 from splatscale.render.splats import Splats, camera_tensors
 
@@ -142,6 +141,12 @@ def _ewa_pairs(means: Tensor, quats: Tensor, log_scales: Tensor, viewmats: Tenso
     return proj.means2d, torch.stack([cyy / det, -cxy / det, cxx / det], dim=-1), proj.depths
 
 
+def camera_offsets(camera_ids: Tensor, cameras: int) -> Tensor:
+    """[cameras + 1]: where each camera's rows start in camera-major ``camera_ids``."""
+    counts = torch.bincount(camera_ids, minlength=cameras)
+    return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+
+
 class _EwaPairs(torch.autograd.Function):
     """``_ewa_pairs`` of the pairs (gaussian_ids, camera_ids), by numba kernels: one
     pass over the pairs each way, only the inputs saved."""
@@ -160,18 +165,60 @@ class _EwaPairs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, v_means2d, v_conics, v_depths):
-        inputs = ctx.saved_tensors
-        means, gaussian_ids = inputs[0], inputs[3]
-        rows = torch.empty(len(gaussian_ids), projection_kernels.GRAD_WIDTH, dtype=means.dtype)
+        means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes = (
+            ctx.saved_tensors)
+        pairs = len(gaussian_ids)
         zero = torch.zeros((), dtype=means.dtype)
         grads = [(g if g is not None else zero.expand(shape)).contiguous().numpy()
-                 for g, shape in ((v_means2d, (len(rows), 2)), (v_conics, (len(rows), 3)),
-                                  (v_depths, (len(rows),)))]
-        projection_kernels.project_backward(*(t.numpy() for t in inputs), *grads, rows.numpy())
+                 for g, shape in ((v_means2d, (pairs, 2)), (v_conics, (pairs, 3)),
+                                  (v_depths, (pairs,)))]
         per_gaussian = torch.zeros(len(means), projection_kernels.GRAD_WIDTH, dtype=means.dtype)
-        sum_per_splat(gaussian_ids.numpy(), rows.numpy(), per_gaussian.numpy())
+        projection_kernels.project_backward(
+            means.numpy(), quats.numpy(), log_scales.numpy(), gaussian_ids.numpy(),
+            camera_offsets(camera_ids, len(viewmats)).numpy(), viewmats.numpy(), Ks.numpy(),
+            sizes.numpy(), *grads, per_gaussian.numpy())
         v_means, v_quats, v_log_scales = per_gaussian.split([3, 4, 3], dim=1)
         return v_means, v_quats, v_log_scales, None, None, None, None, None
+
+
+def _sh_colors(means: Tensor, sh0: Tensor, shN: Tensor, gaussian_ids: Tensor,
+               camera_ids: Tensor, centres: Tensor, degree: int) -> Tensor:
+    """Colours of pairs in torch: the reference of ``_ShColors``."""
+    used = (degree + 1) ** 2 - 1
+    coeffs = torch.cat([sh0.index_select(0, gaussian_ids),
+                        shN[:, :used].index_select(0, gaussian_ids)], dim=1)
+    view_dirs = None
+    if degree > 0:
+        view_dirs = means.index_select(0, gaussian_ids) - centres.index_select(0, camera_ids)
+    return sh_to_color(coeffs, view_dirs)
+
+
+class _ShColors(torch.autograd.Function):
+    """``_sh_colors`` by numba kernels: one pass over the pairs each way, only the
+    inputs saved."""
+
+    @staticmethod
+    def forward(ctx, means, sh0, shN, gaussian_ids, camera_ids, centres, degree):
+        colors = torch.empty(len(gaussian_ids), 3, dtype=means.dtype)
+        inputs = [t.detach().contiguous() for t in (means, sh0, shN, gaussian_ids, camera_ids,
+                                                    centres)]
+        arrays = [t.numpy() for t in inputs]
+        sh_kernels.sh_forward(*arrays[:3], degree, *arrays[3:], colors.numpy())
+        ctx.save_for_backward(*inputs)
+        ctx.degree = degree
+        return colors
+
+    @staticmethod
+    def backward(ctx, v_colors):
+        means, sh0, shN, gaussian_ids, camera_ids, centres = ctx.saved_tensors
+        grads = [torch.zeros_like(t) for t in (means, sh0, shN)]
+        sh_kernels.sh_backward(means.numpy(), sh0.numpy(), shN.numpy(), ctx.degree,
+                               gaussian_ids.numpy(),
+                               camera_offsets(camera_ids, len(centres)).numpy(),
+                               centres.numpy(), v_colors.contiguous().numpy(),
+                               *(g.numpy() for g in grads))
+        v_means = grads[0] if ctx.degree > 0 else None  # degree 0 has no direction
+        return v_means, grads[1], grads[2], None, None, None, None
 
 
 @torch.no_grad()
@@ -227,21 +274,19 @@ def project(model: GaussianModel, cameras: Sequence[Camera] | Camera,
     def per_camera(t: Tensor) -> Tensor:
         return t.index_select(0, camera_ids)
 
-    means = per_gaussian(model.means)
+    centres = -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
     if model.means.device.type == "cpu":
         means2d, conics, depths = _EwaPairs.apply(model.means, model.quats, model.log_scales,
                                                   gaussian_ids, camera_ids, viewmats, Ks, sizes)
+        colors = _ShColors.apply(model.means, model.sh0, model.shN, gaussian_ids, camera_ids,
+                                 centres, model.sh_degree)
     else:
-        means2d, conics, depths = _ewa_pairs(means, per_gaussian(model.quats),
+        means2d, conics, depths = _ewa_pairs(per_gaussian(model.means), per_gaussian(model.quats),
                                              per_gaussian(model.log_scales), per_camera(viewmats),
                                              per_camera(Ks), per_camera(sizes))
-    used = (model.sh_degree + 1) ** 2 - 1
-    coeffs = torch.cat([per_gaussian(model.sh0), per_gaussian(model.shN[:, :used])], dim=1)
-    view_dirs = None
-    if model.sh_degree > 0:
-        centers = -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
-        view_dirs = means - per_camera(centers)
+        colors = _sh_colors(model.means, model.sh0, model.shN, gaussian_ids, camera_ids,
+                            centres, model.sh_degree)
     return Splats(camera_ids, gaussian_ids, means2d, conics, depths,
-                  radii[camera_ids, gaussian_ids], sh_to_color(coeffs, view_dirs),
+                  radii[camera_ids, gaussian_ids], colors,
                   torch.sigmoid(per_gaussian(model.opacity_logits)), per_gaussian(model.keys),
                   offsets, cameras)

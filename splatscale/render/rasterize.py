@@ -11,6 +11,7 @@ from torch import Tensor
 
 from splatscale.render import cpu_kernels, cuda_backend
 from splatscale.render.binning import TileBins, bin_tiles
+from splatscale.render.conventions import ALPHA_MIN
 from splatscale.render.backend import Backend, backend_for
 from splatscale.render.splats import Splats
 
@@ -51,11 +52,19 @@ def balanced_tile_order(work: np.ndarray, n_threads: int) -> np.ndarray:
 def _kernel_inputs(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
                    opacities: Tensor, background: Tensor, radii: Tensor, bins: TileBins,
                    width: int, rows: tuple[int, int]) -> list:
-    """The arguments the forward and backward kernels share, in their order."""
-    arrays = [_numpy(t) for t in (means2d, conics, opacities, colors, depths, background, radii,
-                                  bins.splat_ids, bins.offsets)]
-    arrays.append(balanced_tile_order(np.diff(arrays[-1]), numba.get_num_threads()))
-    return arrays + [bins.tiles_x, bins.tile_row0, width, rows[0], rows[1]]
+    """The arguments the forward and backward kernels share, in their order: first the
+    splats packed by intersection (``cpu_kernels.pack``)."""
+    opacity = _numpy(opacities)
+    # The largest sigma at which a splat's alpha still reaches 1/255 (the block test).
+    sigma_max = np.log(np.maximum(opacity.astype(np.float64), ALPHA_MIN) / ALPHA_MIN)
+    splat_ids, offsets = _numpy(bins.splat_ids), _numpy(bins.offsets)
+    # From torch, not numpy, so that torch's profiler counts it (bench/memory.py).
+    packed = torch.empty((len(splat_ids), cpu_kernels.PACKED_WIDTH), dtype=opacities.dtype).numpy()
+    cpu_kernels.pack(splat_ids, _numpy(means2d), _numpy(conics), opacity, _numpy(colors),
+                     _numpy(depths), _numpy(radii), sigma_max, packed)
+    return [packed, _numpy(background), offsets,
+            balanced_tile_order(np.diff(offsets), numba.get_num_threads()), bins.tiles_x,
+            bins.tile_row0, width, rows[0], rows[1]]
 
 
 class _Composite(torch.autograd.Function):
@@ -74,16 +83,14 @@ class _Composite(torch.autograd.Function):
                                 bins, width, rows)
         cpu_kernels.forward(*inputs, rgb.numpy(), depth_sum.numpy(), final_T.numpy(),
                             last.numpy())
-        # The backward kernel takes the same inputs (numpy views of the saved tensors).
-        ctx.save_for_backward(means2d, conics, colors, depths, opacities, background, radii,
-                              final_T, last)
+        # The backward kernel takes the same inputs (the packed splats are a copy).
+        ctx.save_for_backward(means2d, background, final_T, last)
         ctx.inputs, ctx.splat_ids = inputs, bins.splat_ids
         return rgb, depth_sum, 1.0 - final_T
 
     @staticmethod
     def backward(ctx, v_rgb: Tensor, v_depth_sum: Tensor, v_alpha: Tensor):
-        saved = ctx.saved_tensors
-        means2d, final_T, last = saved[0], saved[-2], saved[-1]
+        means2d, background, final_T, last = ctx.saved_tensors
         splat_ids = _numpy(ctx.splat_ids)
         # Buffers from torch, not numpy, so that torch's profiler counts them.
         isect_grads = torch.zeros((len(splat_ids), cpu_kernels.GRAD_WIDTH), dtype=means2d.dtype)
