@@ -114,16 +114,22 @@ def test_empty_image_is_background():
     assert torch.equal(alpha, torch.zeros(18, 20, dtype=torch.float64))
 
 
-def test_opacity_aware_boxes_change_no_pixel():
+@pytest.mark.parametrize("needles", [False, True])
+def test_opacity_aware_boxes_change_no_pixel(needles):
     """The render equals compositing every Gaussian in front of the camera at every
     pixel, with no box and no opacity cull: outside its opacity-aware box (and below
-    opacity 1/255) a Gaussian's alpha is under 1/255 everywhere."""
+    opacity 1/255) a Gaussian's alpha is under 1/255 everywhere, and the blocks of
+    pixels the kernels skip are outside it. Needles: long thin Gaussians at every
+    angle, whose boxes are mostly empty."""
     gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl")
     model = random_model(150, seed=7, spread=1.2, log_scale=(-2.5, -1.0), opacity=(0.001, 0.999),
                          sh_degree=0)
     with torch.no_grad():
         model.opacity_logits[:10] = -5.5    # just above 1/255: a box of a fraction of a sigma
         model.opacity_logits[10:20] = -6.0  # below 1/255: culled
+        if needles:
+            model.log_scales[:, 0] = -0.4
+            model.log_scales[:, 1:] = -4.5
     camera = look_at_camera([0, 0, 3.5], [0, 0, 0], width=45, height=37, focal=40.0)
     covars, _ = gsplat_torch._quat_scale_to_covar_preci(model.quats, model.scales,
                                                         compute_preci=False)
