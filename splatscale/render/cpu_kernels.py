@@ -5,7 +5,7 @@ its depth-sorted splats is outside and the pixels are inside, so LLVM
 vectorises the pixel loop; every per-pixel decision is a select, not a branch.
 A tile's pixels are stored as eight blocks of 8x4 (32 consecutive values, one
 vectorised loop each), and a splat is evaluated only on the blocks where its
-alpha can reach 1/255 (``_block_reached``): elsewhere it changes no pixel and
+alpha can reach 1/255 (``rect_reached``): elsewhere it changes no pixel and
 no gradient. The kernels composite exactly four channels, RGB and depth,
 fused into the pixel loop rather than looped over.
 The backward pass writes one gradient row per intersection; rows are summed per
@@ -122,18 +122,18 @@ def _edge_min(a, b, c, fixed, lo, hi):
 
 
 @nb.njit(inline="always")
-def _block_reached(mx, my, rx, ry, a, b, c, sigma_max, x0, y0):
-    """Whether the splat may reach alpha 1/255 at a pixel centre of the block whose
-    first pixel is (x0, y0): its box (with a pixel of slack) meets the block, and
-    sigma's minimum over the block's centres is at most ``sigma_max`` = ln(255
-    opacity), with a margin far above float32 rounding. In float64 throughout."""
-    if (mx + rx + 1.0 < x0 or mx - rx - 1.0 > x0 + BLOCK_W
-            or my + ry + 1.0 < y0 or my - ry - 1.0 > y0 + BLOCK_H):
+def rect_reached(mx, my, rx, ry, a, b, c, sigma_max, x0, y0, width, height):
+    """Whether a splat may reach alpha 1/255 at a pixel centre of the ``width`` x
+    ``height`` pixels from (x0, y0): its box (with a pixel of slack) meets them, and
+    sigma's minimum over their centres is at most ``sigma_max`` = ln(255 opacity),
+    with a margin far above float32 rounding. In float64 throughout."""
+    if (mx + rx + 1.0 < x0 or mx - rx - 1.0 > x0 + width
+            or my + ry + 1.0 < y0 or my - ry - 1.0 > y0 + height):
         return False
-    # d = mean - pixel centre over the block: a convex quadratic's minimum over a
+    # d = mean - pixel centre over the rectangle: a convex quadratic's minimum over a
     # rectangle is 0 inside it, else on an edge.
-    dx_lo, dx_hi = mx - (x0 + BLOCK_W - 0.5), mx - (x0 + 0.5)
-    dy_lo, dy_hi = my - (y0 + BLOCK_H - 0.5), my - (y0 + 0.5)
+    dx_lo, dx_hi = mx - (x0 + width - 0.5), mx - (x0 + 0.5)
+    dy_lo, dy_hi = my - (y0 + height - 0.5), my - (y0 + 0.5)
     dxm, dym = max(-dx_lo, dx_hi), max(-dy_lo, dy_hi)
     margin = 0.01 + 1e-5 * (abs(a) * dxm * dxm + 2 * abs(b) * dxm * dym + abs(c) * dym * dym)
     if dx_lo <= 0.0 <= dx_hi and dy_lo <= 0.0 <= dy_hi:
@@ -160,7 +160,7 @@ def pack(splat_ids, means2d, conics, opacities, colors, depths, radii, sigma_max
 @nb.njit(inline="always")
 def _blocks_reached(k, packed, tile_x, tile_y):
     """Bit i set: intersection k's splat may reach block i of the tile
-    (``_block_reached``)."""
+    (``rect_reached``)."""
     row = packed[k]
     mx, my = np.float64(row[MEAN_X]), np.float64(row[MEAN_Y])
     a, b, c = np.float64(row[CONIC_A]), np.float64(row[CONIC_B]), np.float64(row[CONIC_C])
@@ -170,7 +170,7 @@ def _blocks_reached(k, packed, tile_x, tile_y):
     for block in range(BLOCKS):
         x0 = tile_x * TILE + (block % BLOCKS_X) * BLOCK_W
         y0 = tile_y * TILE + (block // BLOCKS_X) * BLOCK_H
-        if _block_reached(mx, my, rx, ry, a, b, c, limit, x0, y0):
+        if rect_reached(mx, my, rx, ry, a, b, c, limit, x0, y0, BLOCK_W, BLOCK_H):
             mask |= 1 << block
     return mask
 
@@ -250,20 +250,24 @@ def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, 
         acc = np.zeros((CHANNELS, PIXELS), dtype)
         start = offsets[t]
         n_live = 0
+        block_live = np.zeros(BLOCKS, np.int64)  # pixels of each block still compositing
         for p in range(PIXELS):
             x, y = _tile_xy(p)
             x, y = tile_x * TILE + x, tile_y * TILE + y
             inside = x < width and y0 <= y and y < y1
             live[p] = one if inside else zero
             n_live += inside
+            block_live[p // BLOCK] += inside
         for k in range(start, offsets[t + 1]):
             if n_live == 0:
                 break
             reached = _blocks_reached(k, packed, tile_x, tile_y)
             for block in range(BLOCKS):
-                if reached >> block & 1:
-                    n_live -= _blend_splat(k, packed, dtype.type(k - start), px, py, T, live,
+                if reached >> block & 1 and block_live[block] > 0:
+                    stopped = _blend_splat(k, packed, dtype.type(k - start), px, py, T, live,
                                            last, acc, block * BLOCK, (block + 1) * BLOCK)
+                    block_live[block] -= stopped
+                    n_live -= stopped
         for p in range(PIXELS):
             x, y = _tile_xy(p)
             x, y = tile_x * TILE + x, tile_y * TILE + y
@@ -353,6 +357,7 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
         behind = np.zeros(PIXELS, dtype)
         start = offsets[t]
         k_max = start - 1
+        block_last = np.full(BLOCKS, -1, np.int64)  # the last contributor to any pixel of it
         for p in range(PIXELS):
             x, y = _tile_xy(p)
             x, y = tile_x * TILE + x, tile_y * TILE + y
@@ -360,6 +365,7 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
                 T[p] = final_T[y - y0, x]
                 last[p] = last_index[y - y0, x] - start
                 k_max = max(k_max, last_index[y - y0, x])
+                block_last[p // BLOCK] = max(block_last[p // BLOCK], last_index[y - y0, x])
                 weighted_bg = -v_alpha[y - y0, x]
                 for ch in range(3):
                     v_out[ch, p] = v_rgb[y - y0, x, ch]
@@ -368,6 +374,9 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
                 tail[p] = T[p] * weighted_bg
         for k in range(k_max, start - 1, -1):
             reached = _blocks_reached(k, packed, tile_x, tile_y)
+            for block in range(BLOCKS):  # a block whose pixels all ended in front of k
+                if block_last[block] < k:
+                    reached &= ~(1 << block)
             _backprop_splat(k, packed, dtype.type(k - start), px, py, T, last, v_out, behind,
                             tail, reached, isect_grads)
 

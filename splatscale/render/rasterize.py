@@ -10,8 +10,7 @@ import torch
 from torch import Tensor
 
 from splatscale.render import cpu_kernels, cuda_backend
-from splatscale.render.binning import TileBins, bin_tiles
-from splatscale.render.conventions import ALPHA_MIN
+from splatscale.render.binning import TileBins, bin_tiles, sigma_max
 from splatscale.render.backend import Backend, backend_for
 from splatscale.render.splats import Splats
 
@@ -54,15 +53,13 @@ def _kernel_inputs(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tens
                    width: int, rows: tuple[int, int]) -> list:
     """The arguments the forward and backward kernels share, in their order: first the
     splats packed by intersection (``cpu_kernels.pack``)."""
-    opacity = _numpy(opacities)
-    # The largest sigma at which a splat's alpha still reaches 1/255 (the block test).
-    sigma_max = np.log(np.maximum(opacity.astype(np.float64), ALPHA_MIN) / ALPHA_MIN)
     splat_ids, offsets = _numpy(bins.splat_ids), _numpy(bins.offsets)
     # From torch, not numpy, so that torch's profiler counts it (bench/memory.py).
-    packed = torch.empty((len(splat_ids), cpu_kernels.PACKED_WIDTH), dtype=opacities.dtype).numpy()
-    cpu_kernels.pack(splat_ids, _numpy(means2d), _numpy(conics), opacity, _numpy(colors),
-                     _numpy(depths), _numpy(radii), sigma_max, packed)
-    return [packed, _numpy(background), offsets,
+    packed = torch.empty((len(splat_ids), cpu_kernels.PACKED_WIDTH), dtype=opacities.dtype)
+    cpu_kernels.pack(splat_ids, _numpy(means2d), _numpy(conics), _numpy(opacities),
+                     _numpy(colors), _numpy(depths), _numpy(radii),
+                     sigma_max(opacities.detach()).numpy(), packed.numpy())
+    return [packed.numpy(), _numpy(background), offsets,
             balanced_tile_order(np.diff(offsets), numba.get_num_threads()), bins.tiles_x,
             bins.tile_row0, width, rows[0], rows[1]]
 
@@ -140,7 +137,7 @@ def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | N
             splats.radii, splats.keys, background, width, (y0, y1), cuda_backend.cuda_kernels())
     else:
         bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, width,
-                         (y0, y1))
+                         (y0, y1), splats.conics, splats.opacities)
         rgb, depth_sum, alpha = composite(splats.means2d, splats.conics, splats.colors,
                                           splats.depths, splats.opacities, background,
                                           splats.radii, bins, width, (y0, y1))
