@@ -17,18 +17,28 @@ def test_batch_hyperparameters(batch):
     assert h.eps == pytest.approx(1e-15 / math.sqrt(batch))
 
 
-def test_batch_of_one_is_torch_adam():
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_batch_of_one_is_torch_adam(dtype):
+    """Three groups of different widths and learning rates, stepped in one pass over
+    the rows, against torch's Adam group by group."""
     g = torch.Generator().manual_seed(0)
-    ours = {"w": torch.randn(5, 3, generator=g, requires_grad=True)}
-    theirs = ours["w"].detach().clone().requires_grad_(True)
+    widths, rates = {"a": 3, "b": 1, "c": 4}, {"a": 0.01, "b": 0.05, "c": 0.002}
+    ours = {n: torch.randn(5, w, generator=g, dtype=dtype, requires_grad=True)
+            for n, w in widths.items()}
+    theirs = {n: p.detach().clone().requires_grad_(True) for n, p in ours.items()}
     optimizer = GaussianAdam(ours, batch_size=1)
-    reference = torch.optim.Adam([theirs], lr=0.01, betas=(0.9, 0.999), eps=1e-15)
+    reference = torch.optim.Adam([{"params": [theirs[n]], "lr": rates[n]} for n in widths],
+                                 betas=(0.9, 0.999), eps=1e-15)
     for _ in range(5):
-        grad = torch.randn(5, 3, generator=g)
-        ours["w"].grad, theirs.grad = grad.clone(), grad.clone()
-        optimizer.step({"w": 0.01})
+        for n in widths:
+            grad = torch.randn(5, widths[n], generator=g, dtype=dtype)
+            ours[n].grad, theirs[n].grad = grad.clone(), grad.clone()
+        optimizer.step(rates)
         reference.step()
-    torch.testing.assert_close(ours["w"], theirs, rtol=1e-6, atol=1e-7)
+    tolerance = dict(rtol=1e-12, atol=1e-15) if dtype == torch.float64 else dict(rtol=1e-6,
+                                                                                  atol=1e-7)
+    for n in widths:
+        torch.testing.assert_close(ours[n], theirs[n], **tolerance)
 
 
 @pytest.mark.parametrize("batch", [1, 4, 16])
@@ -57,7 +67,6 @@ def test_position_lr_decays_log_linearly_over_images():
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_the_torch_step_equals_the_kernel(dtype):
     """The step off the CPU (torch's in-place operations) against the numba kernel."""
-    import numpy as np
     from splatscale.step.adam_kernels import adam_constants, adam_step
     from splatscale.step.optimizer import adam_step_torch
     g = torch.Generator().manual_seed(2)
@@ -71,10 +80,10 @@ def test_the_torch_step_equals_the_kernel(dtype):
         grad = torch.randn(300, 3, generator=g, dtype=dtype)
         grad[::5] = 0.0  # unseen rows
         scale, root_bias2 = -h.lr / (1 - h.beta1 ** t), math.sqrt(1 - h.beta2 ** t)
-        arrays = [x.numpy() for x in (*kernel, grad)]
-        adam_step(*arrays, np.dtype(arrays[0].dtype).type(scale),
-                  np.dtype(arrays[0].dtype).type(root_bias2),
-                  adam_constants(h.beta1, h.beta2, h.eps, arrays[0].dtype))
+        arrays = [x.view(-1).numpy() for x in (*kernel, grad)]
+        array_dtype = arrays[0].dtype
+        adam_step(*arrays, array_dtype.type(scale), array_dtype.type(root_bias2),
+                  adam_constants(h.beta1, h.beta2, h.eps, array_dtype))
         adam_step_torch(*torch_side, grad, scale, root_bias2, h)
     tolerance = dict(rtol=1e-12, atol=1e-15) if dtype == torch.float64 else dict(rtol=1e-6,
                                                                                   atol=1e-7)

@@ -63,7 +63,8 @@ class GaussianAdam:
 
     @torch.no_grad()
     def step(self, learning_rates: dict[str, float]) -> None:
-        """One Adam step of every parameter that has a gradient (``adam_kernels``)."""
+        """One Adam step of every parameter that has a gradient: on the CPU by
+        ``adam_kernels`` (one pass over each group), elsewhere in torch's operations."""
         for name, param in self.params.items():
             if param.grad is None:
                 continue
@@ -71,15 +72,15 @@ class GaussianAdam:
             self.steps[name] += 1
             t = self.steps[name]
             scale, root_bias2 = -h.lr / (1 - h.beta1 ** t), math.sqrt(1 - h.beta2 ** t)
-            tensors = [x.detach().view(len(param), -1)
-                       for x in (param, self.exp_avg[name], self.exp_avg_sq[name], param.grad)]
-            if param.device.type == "cpu":
-                rows = [x.numpy() for x in tensors]
-                dtype = rows[0].dtype.type
-                adam_step(*rows, dtype(scale), dtype(root_bias2),
-                          adam_constants(h.beta1, h.beta2, h.eps, rows[0].dtype))
-            else:
-                adam_step_torch(*tensors, scale, root_bias2, h)
+            flat = [x.detach().view(-1)
+                    for x in (param, self.exp_avg[name], self.exp_avg_sq[name], param.grad)]
+            if param.device.type != "cpu":
+                adam_step_torch(*flat, scale, root_bias2, h)
+                continue
+            arrays = [x.numpy() for x in flat]
+            dtype = arrays[0].dtype.type
+            adam_step(*arrays, dtype(scale), dtype(root_bias2),
+                      adam_constants(h.beta1, h.beta2, h.eps, arrays[0].dtype))
 
     def zero_grad(self) -> None:
         for param in self.params.values():
