@@ -41,7 +41,7 @@ GRAD_WIDTH = 10
 # intersection order (tile by tile, nearest first), so a tile reads consecutive
 # rows; read through the splat ids, every intersection would be a cache miss.
 (MEAN_X, MEAN_Y, CONIC_A, CONIC_B, CONIC_C, OPACITY, RED, GREEN, BLUE, DEPTH, RADIUS_X,
- RADIUS_Y, SIGMA_MAX) = range(13)
+ RADIUS_Y, SIGMA_MAX, BLOCKS_REACHED) = range(14)
 PACKED_WIDTH = 16  # 64 bytes in float32: one cache line
 
 
@@ -144,17 +144,22 @@ def rect_reached(mx, my, rx, ry, a, b, c, sigma_max, x0, y0, width, height):
 
 
 @nb.njit(parallel=True, cache=True)
-def pack(splat_ids, means2d, conics, opacities, colors, depths, radii, sigma_max,
-         out):  # pragma: no cover - compiled
-    """out[k]: the values of splat splat_ids[k] the kernels read (the layout above)."""
-    for k in nb.prange(splat_ids.shape[0]):
-        g = splat_ids[k]
-        out[k, MEAN_X], out[k, MEAN_Y] = means2d[g, 0], means2d[g, 1]
-        out[k, CONIC_A], out[k, CONIC_B], out[k, CONIC_C] = conics[g, 0], conics[g, 1], conics[g, 2]
-        out[k, OPACITY], out[k, DEPTH] = opacities[g], depths[g]
-        out[k, RED], out[k, GREEN], out[k, BLUE] = colors[g, 0], colors[g, 1], colors[g, 2]
-        out[k, RADIUS_X], out[k, RADIUS_Y] = radii[g, 0], radii[g, 1]
-        out[k, SIGMA_MAX] = sigma_max[g]
+def pack(splat_ids, offsets, tile_order, tiles_x, tile_row0, means2d, conics, opacities, colors,
+         depths, radii, sigma_max, out):  # pragma: no cover - compiled
+    """out[k]: the values of splat splat_ids[k] the kernels read (the layout above), and
+    the blocks of its tile it can reach (a bit mask, once for both kernels)."""
+    for i in nb.prange(tile_order.shape[0]):
+        t = tile_order[i]
+        tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
+        for k in range(offsets[t], offsets[t + 1]):
+            g = splat_ids[k]
+            out[k, MEAN_X], out[k, MEAN_Y] = means2d[g, 0], means2d[g, 1]
+            out[k, CONIC_A], out[k, CONIC_B] = conics[g, 0], conics[g, 1]
+            out[k, CONIC_C], out[k, OPACITY], out[k, DEPTH] = conics[g, 2], opacities[g], depths[g]
+            out[k, RED], out[k, GREEN], out[k, BLUE] = colors[g, 0], colors[g, 1], colors[g, 2]
+            out[k, RADIUS_X], out[k, RADIUS_Y] = radii[g, 0], radii[g, 1]
+            out[k, SIGMA_MAX] = sigma_max[g]
+            out[k, BLOCKS_REACHED] = _blocks_reached(k, out, tile_x, tile_y)
 
 
 @nb.njit(inline="always")
@@ -261,7 +266,7 @@ def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, 
         for k in range(start, offsets[t + 1]):
             if n_live == 0:
                 break
-            reached = _blocks_reached(k, packed, tile_x, tile_y)
+            reached = int(packed[k, BLOCKS_REACHED])
             for block in range(BLOCKS):
                 if reached >> block & 1 and block_live[block] > 0:
                     stopped = _blend_splat(k, packed, dtype.type(k - start), px, py, T, live,
@@ -343,7 +348,8 @@ def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, re
 @nb.njit(parallel=True, fastmath=True, cache=True)
 def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1, final_T,
              last_index, v_rgb, v_depth, v_alpha, isect_grads):
-    """Walk each tile back to front, one gradient row per intersection."""
+    """Walk each tile back to front, one gradient row per intersection (every row of
+    ``isect_grads`` written)."""
     one = _constants(packed.dtype)[1]
     dtype = packed.dtype
     for i in nb.prange(tile_order.shape[0]):
@@ -372,8 +378,9 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
                     weighted_bg += background[ch] * v_out[ch, p]
                 v_out[3, p] = v_depth[y - y0, x]
                 tail[p] = T[p] * weighted_bg
+        isect_grads[k_max + 1:offsets[t + 1]] = 0  # behind every pixel's last contributor
         for k in range(k_max, start - 1, -1):
-            reached = _blocks_reached(k, packed, tile_x, tile_y)
+            reached = int(packed[k, BLOCKS_REACHED])
             for block in range(BLOCKS):  # a block whose pixels all ended in front of k
                 if block_last[block] < k:
                     reached &= ~(1 << block)

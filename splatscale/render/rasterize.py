@@ -56,11 +56,12 @@ def _kernel_inputs(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tens
     splat_ids, offsets = _numpy(bins.splat_ids), _numpy(bins.offsets)
     # From torch, not numpy, so that torch's profiler counts it (bench/memory.py).
     packed = torch.empty((len(splat_ids), cpu_kernels.PACKED_WIDTH), dtype=opacities.dtype)
-    cpu_kernels.pack(splat_ids, _numpy(means2d), _numpy(conics), _numpy(opacities),
-                     _numpy(colors), _numpy(depths), _numpy(radii),
-                     sigma_max(opacities.detach()).numpy(), packed.numpy())
-    return [packed.numpy(), _numpy(background), offsets,
-            balanced_tile_order(np.diff(offsets), numba.get_num_threads()), bins.tiles_x,
+    tile_order = balanced_tile_order(np.diff(offsets), numba.get_num_threads())
+    cpu_kernels.pack(splat_ids, offsets, tile_order, bins.tiles_x, bins.tile_row0,
+                     _numpy(means2d), _numpy(conics), _numpy(opacities), _numpy(colors),
+                     _numpy(depths), _numpy(radii), sigma_max(opacities.detach()).numpy(),
+                     packed.numpy())
+    return [packed.numpy(), _numpy(background), offsets, tile_order, bins.tiles_x,
             bins.tile_row0, width, rows[0], rows[1]]
 
 
@@ -90,7 +91,7 @@ class _Composite(torch.autograd.Function):
         means2d, background, final_T, last = ctx.saved_tensors
         splat_ids = _numpy(ctx.splat_ids)
         # Buffers from torch, not numpy, so that torch's profiler counts them.
-        isect_grads = torch.zeros((len(splat_ids), cpu_kernels.GRAD_WIDTH), dtype=means2d.dtype)
+        isect_grads = torch.empty((len(splat_ids), cpu_kernels.GRAD_WIDTH), dtype=means2d.dtype)
         cpu_kernels.backward(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
                              _numpy(v_depth_sum), _numpy(v_alpha), isect_grads.numpy())
         grads = torch.zeros((means2d.shape[0], cpu_kernels.GRAD_WIDTH), dtype=means2d.dtype)
