@@ -31,9 +31,9 @@ from splatscale.train.trainer import RunOptions, Trainer
 DEFAULT_SCENE = Path(__file__).resolve().parents[1] / "tests" / "data" / "snowmiku"
 
 
-def run(scene, batch_size: int, marks: list[int], resolution: int) -> dict:
+def run(scene, batch_size: int, marks: list[int], resolution: int, seed: int) -> dict:
     store = ImageStore(scene, resolution=resolution, background=scene.background)
-    config = TrainConfig(iterations=marks[-1], batch_size=batch_size)
+    config = TrainConfig(iterations=marks[-1], batch_size=batch_size, seed=seed)
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(scene, store, config, RunOptions(Path(out), eval_split=True,
                                                            progress=False, checkpoint_every=0))
@@ -58,8 +58,10 @@ def run(scene, batch_size: int, marks: list[int], resolution: int) -> dict:
 
 def measure(args) -> dict:
     scene = load_scene(args.scene)
-    runs = [run(scene, b, sorted(args.marks), args.resolution) for b in args.batch_sizes]
-    return {"scene": args.scene, "resolution": args.resolution, "views": len(scene.views),
+    runs = [run(scene, b, sorted(args.marks), args.resolution, args.seed)
+            for b in args.batch_sizes]
+    return {"scene": args.scene, "resolution": args.resolution, "seed": args.seed,
+            "views": len(scene.views),
             "runs": runs,
             "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
@@ -67,6 +69,7 @@ def measure(args) -> dict:
 def baseline_measure(args) -> dict:
     """This script's measurement with the splatscale of ``args.baseline``."""
     command = [sys.executable, __file__, args.scene, "--resolution", str(args.resolution),
+               "--seed", str(args.seed),
                "--batch-sizes", *map(str, args.batch_sizes), "--marks", *map(str, args.marks)]
     env = dict(os.environ, PYTHONPATH=str(args.baseline.resolve()))
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=True)
@@ -94,6 +97,7 @@ def main() -> None:
     parser.add_argument("--marks", type=int, nargs="+", default=[600, 2000],
                         help="images seen at which to evaluate")
     parser.add_argument("--resolution", type=int, default=1, help="downscale factor")
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--baseline", type=Path, help="a checkout to compare against")
     args = parser.parse_args()
     if args.baseline is None:
