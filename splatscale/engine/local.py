@@ -118,14 +118,10 @@ class LocalEngine:
     def set_sh_degree(self, degree: int) -> None:
         self.model.sh_degree = degree
 
-    def render(self, camera: Camera) -> RenderOutput:
-        """On the device."""
-        _, model, seen = self._working_set([camera])
-        return self._render(model, camera, seen)
-
     @torch.no_grad()
-    def _render(self, model: GaussianModel, camera: Camera,
-                seen: Visibility | None) -> RenderOutput:
+    def render(self, camera: Camera) -> RenderOutput:
+        """On the device, from the rows the camera renders from."""
+        _, model, seen = self._working_set([camera])
         return rasterize(project(model, [camera], seen, self.backend).of_camera(0),
                          camera.width, camera.height, background=self.background,
                          backend=self.backend)

@@ -134,10 +134,10 @@ def rect_reached(mx, my, rx, ry, a, b, c, sigma_max, x0, y0, width, height):
     # rectangle is 0 inside it, else on an edge.
     dx_lo, dx_hi = mx - (x0 + width - 0.5), mx - (x0 + 0.5)
     dy_lo, dy_hi = my - (y0 + height - 0.5), my - (y0 + 0.5)
-    dxm, dym = max(-dx_lo, dx_hi), max(-dy_lo, dy_hi)
-    margin = 0.01 + 1e-5 * (abs(a) * dxm * dxm + 2 * abs(b) * dxm * dym + abs(c) * dym * dym)
     if dx_lo <= 0.0 <= dx_hi and dy_lo <= 0.0 <= dy_hi:
         return True
+    dxm, dym = max(-dx_lo, dx_hi), max(-dy_lo, dy_hi)
+    margin = 0.01 + 1e-5 * (abs(a) * dxm * dxm + 2 * abs(b) * dxm * dym + abs(c) * dym * dym)
     lowest = min(_edge_min(a, b, c, dx_lo, dy_lo, dy_hi), _edge_min(a, b, c, dx_hi, dy_lo, dy_hi),
                  _edge_min(c, b, a, dy_lo, dx_lo, dx_hi), _edge_min(c, b, a, dy_hi, dx_lo, dx_hi))
     return lowest <= sigma_max + margin

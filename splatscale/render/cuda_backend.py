@@ -33,7 +33,7 @@ from splatscale.errors import SplatscaleError
 from splatscale.messages import notice
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.conventions import EPS2D, FAR_PLANE, NEAR_PLANE, TILE_SIZE
-from splatscale.render.splats import Splats, camera_tensors
+from splatscale.render.splats import Splats, camera_centres, camera_offsets, camera_tensors
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,7 @@ def project(model: GaussianModel, cameras: Sequence[Camera], kernels: Kernels) -
                       conics))
     camera_ids, gaussian_ids, radii, means2d, depths, conics = (
         torch.cat(column) for column in zip(*parts))
-    counts = torch.bincount(camera_ids, minlength=len(cameras))
-    offsets = [0] + torch.cumsum(counts, 0).tolist()
+    offsets = camera_offsets(camera_ids, len(cameras)).tolist()
     return Splats(camera_ids, gaussian_ids, means2d, conics, depths, radii,
                   _colors(model, viewmats, camera_ids, gaussian_ids, kernels),
                   opacities.index_select(0, gaussian_ids), model.keys[gaussian_ids], offsets,
@@ -120,8 +119,8 @@ def _colors(model: GaussianModel, viewmats: Tensor, camera_ids: Tensor, gaussian
             kernels: Kernels) -> Tensor:
     """SH seen from each camera's centre, + 0.5 and clamped at 0 (3DGS's colour)."""
     coeffs = model.sh.index_select(0, gaussian_ids)
-    centers = -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
-    dirs = model.means.index_select(0, gaussian_ids) - centers.index_select(0, camera_ids)
+    centres = camera_centres(viewmats)
+    dirs = model.means.index_select(0, gaussian_ids) - centres.index_select(0, camera_ids)
     raw = kernels.spherical_harmonics(model.sh_degree, dirs, coeffs)
     return torch.clamp_min(raw + 0.5, 0.0)
 

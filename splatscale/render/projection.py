@@ -22,7 +22,7 @@ from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FRUSTUM_
 from splatscale.render import cuda_backend, projection_kernels, sh_kernels
 from splatscale.render.backend import Backend, backend_for
 from splatscale.render.sh import sh_to_color
-from splatscale.render.splats import Splats, camera_tensors
+from splatscale.render.splats import Splats, camera_centres, camera_offsets, camera_tensors
 
 
 def quat_to_rotmat(quats: Tensor) -> Tensor:
@@ -139,12 +139,6 @@ def _ewa_pairs(means: Tensor, quats: Tensor, log_scales: Tensor, viewmats: Tenso
     cxx, cxy, cyy = proj.cov2d.unbind(-1)
     det = cxx * cyy - cxy * cxy
     return proj.means2d, torch.stack([cyy / det, -cxy / det, cxx / det], dim=-1), proj.depths
-
-
-def camera_offsets(camera_ids: Tensor, cameras: int) -> Tensor:
-    """[cameras + 1]: where each camera's rows start in camera-major ``camera_ids``."""
-    counts = torch.bincount(camera_ids, minlength=cameras)
-    return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
 
 
 class _EwaPairs(torch.autograd.Function):
@@ -264,7 +258,7 @@ def project(model: GaussianModel, cameras: Sequence[Camera] | Camera,
     seen = seen or visibility(model, cameras)
     radii, visible = seen.radii, seen.visible
     camera_ids, gaussian_ids = visible.nonzero(as_tuple=True)
-    offsets = [0] + torch.cumsum(torch.bincount(camera_ids, minlength=len(cameras)), 0).tolist()
+    offsets = camera_offsets(camera_ids, len(cameras)).tolist()
 
     # The differentiable pass sees only the visible pairs, so its cost (forward and
     # backward) follows what is on screen, not the size of the model.
@@ -274,7 +268,7 @@ def project(model: GaussianModel, cameras: Sequence[Camera] | Camera,
     def per_camera(t: Tensor) -> Tensor:
         return t.index_select(0, camera_ids)
 
-    centres = -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
+    centres = camera_centres(viewmats)
     if model.means.device.type == "cpu":
         means2d, conics, depths = _EwaPairs.apply(model.means, model.quats, model.log_scales,
                                                   gaussian_ids, camera_ids, viewmats, Ks, sizes)

@@ -53,3 +53,14 @@ def camera_tensors(cameras: Sequence[Camera], like: Tensor) -> tuple[Tensor, Ten
     Ks = torch.stack([c.K for c in cameras]).to(**to)
     sizes = torch.tensor([[c.width, c.height] for c in cameras], **to)
     return viewmats, Ks, sizes
+
+
+def camera_centres(viewmats: Tensor) -> Tensor:
+    """The cameras' centres [C, 3] in world space, from world-to-camera ``viewmats``."""
+    return -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]
+
+
+def camera_offsets(camera_ids: Tensor, cameras: int) -> Tensor:
+    """[cameras + 1]: where each camera's rows start in camera-major ``camera_ids``."""
+    counts = torch.bincount(camera_ids, minlength=cameras)
+    return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
