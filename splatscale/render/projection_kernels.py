@@ -13,8 +13,16 @@ follow it operation for operation:
 
 The backward adds each pair's gradient (means 3, quats 4, log-scales 3) to its
 Gaussian's row camera by camera, so results do not depend on the number of
-threads. Temporaries are scalars and tuples: a numba array is a heap
-allocation per pair.
+threads.
+
+Two rules keep a pair's cost at its arithmetic. Temporaries are scalars and
+tuples, and rows are read by index (``means[g, 0]``), never as views
+(``means[g]``): a numba array, a view too, costs an atomic reference count, and
+two threads counting on one array's shared count serialise on its cache line.
+For the same reason the parallel loops run over chunks of pairs (``CHUNK``),
+each one call of a plain loop: numba counts references to the arrays passed to
+a call that it does not inline, and cannot inline these bodies into a parallel
+loop (its array analysis fails on their tuples).
 """
 
 from __future__ import annotations
@@ -28,13 +36,16 @@ from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FRUSTUM_
                                            NEAR_PLANE, RADIUS_SIGMAS)
 
 GRAD_WIDTH = 10  # d/d means (3), quats (4), log-scales (3)
+CHUNK = 256  # pairs (or Gaussians) per parallel task
 
 
 @numba.njit(inline="always")
-def _rotation(q):  # pragma: no cover - compiled
-    """Normalised quaternion (w, x, y, z), its norm, and R as 9 values, row-major."""
-    norm = max(math.sqrt(q[0] * q[0] + q[1] * q[1] + q[2] * q[2] + q[3] * q[3]), 1e-12)
-    w, x, y, z = q[0] / norm, q[1] / norm, q[2] / norm, q[3] / norm
+def _rotation(quats, g):  # pragma: no cover - compiled
+    """Normalised quaternion (w, x, y, z) of Gaussian g, its norm, and R as 9 values,
+    row-major."""
+    w, x, y, z = quats[g, 0], quats[g, 1], quats[g, 2], quats[g, 3]
+    norm = max(math.sqrt(w * w + x * x + y * y + z * z), 1e-12)
+    w, x, y, z = w / norm, x / norm, y / norm, z / norm
     rot = (1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
            2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
            2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y))
@@ -42,10 +53,11 @@ def _rotation(q):  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always")
-def _camera_point(mean, view):  # pragma: no cover - compiled
-    x = view[0, 0] * mean[0] + view[0, 1] * mean[1] + view[0, 2] * mean[2] + view[0, 3]
-    y = view[1, 0] * mean[0] + view[1, 1] * mean[1] + view[1, 2] * mean[2] + view[1, 3]
-    z = view[2, 0] * mean[0] + view[2, 1] * mean[1] + view[2, 2] * mean[2] + view[2, 3]
+def _camera_point(means, g, viewmats, c):  # pragma: no cover - compiled
+    m0, m1, m2 = means[g, 0], means[g, 1], means[g, 2]
+    x = viewmats[c, 0, 0] * m0 + viewmats[c, 0, 1] * m1 + viewmats[c, 0, 2] * m2 + viewmats[c, 0, 3]
+    y = viewmats[c, 1, 0] * m0 + viewmats[c, 1, 1] * m1 + viewmats[c, 1, 2] * m2 + viewmats[c, 1, 3]
+    z = viewmats[c, 2, 0] * m0 + viewmats[c, 2, 1] * m1 + viewmats[c, 2, 2] * m2 + viewmats[c, 2, 3]
     return x, y, z
 
 
@@ -63,23 +75,28 @@ def _clamped(offset, z, focal, centre, size):  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always")
-def _jw_rows(view, x, y, z, K, width, height):  # pragma: no cover - compiled
-    fx, fy, cx, cy = K[0, 0], K[1, 1], K[0, 2], K[1, 2]
-    tx, held_x = _clamped(x, z, fx, cx, width)
-    ty, held_y = _clamped(y, z, fy, cy, height)
+def _jw_rows(viewmats, Ks, sizes, c, x, y, z):  # pragma: no cover - compiled
+    fx, fy, cx, cy = Ks[c, 0, 0], Ks[c, 1, 1], Ks[c, 0, 2], Ks[c, 1, 2]
+    tx, held_x = _clamped(x, z, fx, cx, sizes[c, 0])
+    ty, held_y = _clamped(y, z, fy, cy, sizes[c, 1])
     u0, w0, u1, w1 = fx / z, fx * tx / (z * z), fy / z, fy * ty / (z * z)
-    jw = (u0 * view[0, 0] - w0 * view[2, 0], u0 * view[0, 1] - w0 * view[2, 1],
-          u0 * view[0, 2] - w0 * view[2, 2],
-          u1 * view[1, 0] - w1 * view[2, 0], u1 * view[1, 1] - w1 * view[2, 1],
-          u1 * view[1, 2] - w1 * view[2, 2])
+    jw = (u0 * viewmats[c, 0, 0] - w0 * viewmats[c, 2, 0],
+          u0 * viewmats[c, 0, 1] - w0 * viewmats[c, 2, 1],
+          u0 * viewmats[c, 0, 2] - w0 * viewmats[c, 2, 2],
+          u1 * viewmats[c, 1, 0] - w1 * viewmats[c, 2, 0],
+          u1 * viewmats[c, 1, 1] - w1 * viewmats[c, 2, 1],
+          u1 * viewmats[c, 1, 2] - w1 * viewmats[c, 2, 2])
     return jw, tx, ty, held_x, held_y
 
 
 @numba.njit(inline="always")
-def _cov2d(jw, rot, log_scale):  # pragma: no cover - compiled
-    """b = (J W) M row by row (b[3 r + k]), the scales, and cov2d = (a, bb, cc) with
-    eps2d. Scalars and tuples, not arrays: an array here is a heap allocation per pair."""
-    scale = (math.exp(log_scale[0]), math.exp(log_scale[1]), math.exp(log_scale[2]))
+def _scales(log_scales, g):  # pragma: no cover - compiled
+    return math.exp(log_scales[g, 0]), math.exp(log_scales[g, 1]), math.exp(log_scales[g, 2])
+
+
+@numba.njit(inline="always")
+def _cov2d(jw, rot, scale):  # pragma: no cover - compiled
+    """b = (J W) M row by row (b[3 r + k]) and cov2d = (a, bb, cc) with eps2d."""
     b = ((jw[0] * rot[0] + jw[1] * rot[3] + jw[2] * rot[6]) * scale[0],
          (jw[0] * rot[1] + jw[1] * rot[4] + jw[2] * rot[7]) * scale[1],
          (jw[0] * rot[2] + jw[1] * rot[5] + jw[2] * rot[8]) * scale[2],
@@ -89,49 +106,49 @@ def _cov2d(jw, rot, log_scale):  # pragma: no cover - compiled
     a = b[0] * b[0] + b[1] * b[1] + b[2] * b[2] + EPS2D
     bb = b[0] * b[3] + b[1] * b[4] + b[2] * b[5]
     cc = b[3] * b[3] + b[4] * b[4] + b[5] * b[5] + EPS2D
-    return b, scale, a, bb, cc
+    return b, a, bb, cc
 
 
 @numba.njit(nogil=True, cache=True)
-def _pair_forward(mean, quat, log_scale, view, K, width, height):  # pragma: no cover
-    """means2d (2), conic (3) and depth of one pair, as a 6-tuple.
-
-    The parallel kernels call this and ``_pair_gradient`` without numba inlining
-    them: numba's parallel array analysis fails on the tuples inside.
-    """
-    x, y, z = _camera_point(mean, view)
-    jw, _, _, _, _ = _jw_rows(view, x, y, z, K, width, height)
-    _, _, _, _, _, rot = _rotation(quat)
-    _, _, a, bb, cc = _cov2d(jw, rot, log_scale)
-    det = a * cc - bb * bb
-    return (K[0, 0] * x / z + K[0, 2], K[1, 1] * y / z + K[1, 2], cc / det, -bb / det,
-            a / det, z)
+def _forward_pairs(lo, hi, means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks,
+                   sizes, means2d, conics, depths):  # pragma: no cover - compiled
+    """Pairs [lo, hi): means2d, conic and depth."""
+    for i in range(lo, hi):
+        g, c = gaussian_ids[i], camera_ids[i]
+        x, y, z = _camera_point(means, g, viewmats, c)
+        jw, _, _, _, _ = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
+        _, _, _, _, _, rot = _rotation(quats, g)
+        _, a, bb, cc = _cov2d(jw, rot, _scales(log_scales, g))
+        det = a * cc - bb * bb
+        means2d[i, 0] = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
+        means2d[i, 1] = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
+        conics[i, 0], conics[i, 1], conics[i, 2] = cc / det, -bb / det, a / det
+        depths[i] = z
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def project_forward(means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes,
                     means2d, conics, depths):  # pragma: no cover - compiled
-    for i in prange(gaussian_ids.shape[0]):
-        g, c = gaussian_ids[i], camera_ids[i]
-        mx, my, c0, c1, c2, z = _pair_forward(means[g], quats[g], log_scales[g], viewmats[c],
-                                              Ks[c], sizes[c, 0], sizes[c, 1])
-        means2d[i, 0], means2d[i, 1] = mx, my
-        conics[i, 0], conics[i, 1], conics[i, 2] = c0, c1, c2
-        depths[i] = z
+    pairs = gaussian_ids.shape[0]
+    for chunk in prange((pairs + CHUNK - 1) // CHUNK):
+        _forward_pairs(chunk * CHUNK, min(pairs, (chunk + 1) * CHUNK), means, quats, log_scales,
+                       gaussian_ids, camera_ids, viewmats, Ks, sizes, means2d, conics, depths)
 
 
-@numba.njit(nogil=True, cache=True)
-def _pair_gradient(mean, quat, log_scale, view, K, width, height, v_means2d, v_conic,
-                   v_depth):  # pragma: no cover - compiled
-    """d loss / d (mean 3, quat 4, log-scale 3) of one pair, as a 10-tuple."""
-    fx, fy = K[0, 0], K[1, 1]
-    x, y, z = _camera_point(mean, view)
-    jw, tx, ty, held_x, held_y = _jw_rows(view, x, y, z, K, width, height)
-    qw, qx, qy, qz, norm, rot = _rotation(quat)
-    b, scale, a, bb, cc = _cov2d(jw, rot, log_scale)
+@numba.njit(inline="always")
+def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, v_means2d, v_conics,
+                   v_depths, i):  # pragma: no cover - compiled
+    """d loss / d (mean 3, quat 4, log-scale 3) of pair i (Gaussian g, camera c), as a
+    10-tuple."""
+    fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
+    x, y, z = _camera_point(means, g, viewmats, c)
+    jw, tx, ty, held_x, held_y = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
+    qw, qx, qy, qz, norm, rot = _rotation(quats, g)
+    scale = _scales(log_scales, g)
+    b, a, bb, cc = _cov2d(jw, rot, scale)
     inv = 1.0 / (a * cc - bb * bb)
     inv2 = inv * inv
-    g0, g1, g2 = v_conic[0], v_conic[1], v_conic[2]
+    g0, g1, g2 = v_conics[i, 0], v_conics[i, 1], v_conics[i, 2]
     # conic = (cc, -bb, a) / det, det = a cc - bb^2
     v_a = -g0 * cc * cc * inv2 + g1 * bb * cc * inv2 + g2 * (inv - a * cc * inv2)
     v_bb = 2 * g0 * bb * cc * inv2 - g1 * (inv + 2 * bb * bb * inv2) + 2 * g2 * a * bb * inv2
@@ -152,16 +169,18 @@ def _pair_gradient(mean, quat, log_scale, view, K, width, height, v_means2d, v_c
          e[0] * jw[1] + e[3] * jw[4], e[1] * jw[1] + e[4] * jw[4], e[2] * jw[1] + e[5] * jw[4],
          e[0] * jw[2] + e[3] * jw[5], e[1] * jw[2] + e[4] * jw[5], e[2] * jw[2] + e[5] * jw[5])
     # jw[0] = (fx / z) W_0 - (fx tx / z^2) W_2;  jw[1] likewise with fy, ty, W_1
-    v_x = v_means2d[0] * fx / z
-    v_y = v_means2d[1] * fy / z
-    v_z = v_depth - v_means2d[0] * fx * x / (z * z) - v_means2d[1] * fy * y / (z * z)
+    v_mx, v_my = v_means2d[i, 0], v_means2d[i, 1]
+    v_x = v_mx * fx / z
+    v_y = v_my * fy / z
+    v_z = v_depths[i] - v_mx * fx * x / (z * z) - v_my * fy * y / (z * z)
     v_tx, v_ty = 0.0, 0.0
     z2, z3 = z * z, z * z * z
     for m in range(3):
-        v_z += v_jw0[m] * (-fx / z2 * view[0, m] + 2 * fx * tx / z3 * view[2, m])
-        v_z += v_jw1[m] * (-fy / z2 * view[1, m] + 2 * fy * ty / z3 * view[2, m])
-        v_tx += v_jw0[m] * (-fx / (z * z)) * view[2, m]
-        v_ty += v_jw1[m] * (-fy / (z * z)) * view[2, m]
+        w0m, w1m, w2m = viewmats[c, 0, m], viewmats[c, 1, m], viewmats[c, 2, m]
+        v_z += v_jw0[m] * (-fx / z2 * w0m + 2 * fx * tx / z3 * w2m)
+        v_z += v_jw1[m] * (-fy / z2 * w1m + 2 * fy * ty / z3 * w2m)
+        v_tx += v_jw0[m] * (-fx / (z * z)) * w2m
+        v_ty += v_jw1[m] * (-fy / (z * z)) * w2m
     # t = z clamp(offset / z): the offset's when free, z's (t / z) when held
     if held_x:
         v_z += v_tx * tx / z
@@ -180,13 +199,25 @@ def _pair_gradient(mean, quat, log_scale, view, K, width, height, v_means2d, v_c
     v_qz = 2 * (-2 * qz * r[0] - qw * r[1] + qx * r[2] + qw * r[3] - 2 * qz * r[4]
                 + qy * r[5] + qx * r[6] + qy * r[7])
     along = qw * v_w + qx * v_qx + qy * v_qy + qz * v_qz
-    return (view[0, 0] * v_x + view[1, 0] * v_y + view[2, 0] * v_z,
-            view[0, 1] * v_x + view[1, 1] * v_y + view[2, 1] * v_z,
-            view[0, 2] * v_x + view[1, 2] * v_y + view[2, 2] * v_z,
+    return (viewmats[c, 0, 0] * v_x + viewmats[c, 1, 0] * v_y + viewmats[c, 2, 0] * v_z,
+            viewmats[c, 0, 1] * v_x + viewmats[c, 1, 1] * v_y + viewmats[c, 2, 1] * v_z,
+            viewmats[c, 0, 2] * v_x + viewmats[c, 1, 2] * v_y + viewmats[c, 2, 2] * v_z,
             (v_w - qw * along) / norm, (v_qx - qx * along) / norm,
             (v_qy - qy * along) / norm, (v_qz - qz * along) / norm,
             v_b[0] * b[0] + v_b[3] * b[3], v_b[1] * b[1] + v_b[4] * b[4],
             v_b[2] * b[2] + v_b[5] * b[5])
+
+
+@numba.njit(nogil=True, cache=True)
+def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats, Ks, sizes,
+                    v_means2d, v_conics, v_depths, out):  # pragma: no cover - compiled
+    """Pairs [lo, hi), all of camera c: each one's gradient added to its Gaussian's row."""
+    for i in range(lo, hi):
+        g = gaussian_ids[i]
+        grad = _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, v_means2d,
+                              v_conics, v_depths, i)
+        for j in range(GRAD_WIDTH):
+            out[g, j] += grad[j]
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
@@ -197,37 +228,36 @@ def project_backward(means, quats, log_scales, gaussian_ids, camera_offsets, vie
     camera's pairs run in parallel and each Gaussian's sum follows the camera order
     whatever the number of threads."""
     for c in range(camera_offsets.shape[0] - 1):
-        view, K, width, height = viewmats[c], Ks[c], sizes[c, 0], sizes[c, 1]
-        for i in prange(camera_offsets[c], camera_offsets[c + 1]):
-            g = gaussian_ids[i]
-            grad = _pair_gradient(means[g], quats[g], log_scales[g], view, K, width, height,
-                                  v_means2d[i], v_conics[i], v_depths[i])
-            for j in range(GRAD_WIDTH):
-                out[g, j] += grad[j]
+        lo, hi = camera_offsets[c], camera_offsets[c + 1]
+        for chunk in prange((hi - lo + CHUNK - 1) // CHUNK):
+            _backward_pairs(lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK), c, means,
+                            quats, log_scales, gaussian_ids, viewmats, Ks, sizes, v_means2d,
+                            v_conics, v_depths, out)
 
 
 @numba.njit(nogil=True, cache=True)
-def _visibility_of(g, means, quats, log_scales, opacity_logits, viewmats, Ks, sizes, radii,
+def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, Ks, sizes, radii,
                    visible):  # pragma: no cover - compiled
-    """Gaussian g's column of ``visibility``."""
-    _, _, _, _, _, rot = _rotation(quats[g])
-    opacity = 1.0 / (1.0 + math.exp(-opacity_logits[g]))
-    sigmas = min(RADIUS_SIGMAS, math.sqrt(2 * math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)))
-    for c in range(viewmats.shape[0]):
-        view, K = viewmats[c], Ks[c]
-        width, height = sizes[c, 0], sizes[c, 1]
-        x, y, z = _camera_point(means[g], view)
-        radii[c, g, 0], radii[c, g, 1], visible[c, g] = 0, 0, False
-        if not (NEAR_PLANE < z < FAR_PLANE) or opacity < ALPHA_MIN:
-            continue
-        jw, _, _, _, _ = _jw_rows(view, x, y, z, K, width, height)
-        _, _, a, bb, cc = _cov2d(jw, rot, log_scales[g])
-        rx, ry = math.ceil(sigmas * math.sqrt(a)), math.ceil(sigmas * math.sqrt(cc))
-        mx = K[0, 0] * x / z + K[0, 2]
-        my = K[1, 1] * y / z + K[1, 2]
-        if (a * cc - bb * bb > 0 and (rx > 0 or ry > 0) and mx + rx > 0
-                and mx - rx < width and my + ry > 0 and my - ry < height):
-            radii[c, g, 0], radii[c, g, 1], visible[c, g] = rx, ry, True
+    """Gaussians [lo, hi)'s columns of ``visibility``."""
+    for g in range(lo, hi):
+        _, _, _, _, _, rot = _rotation(quats, g)
+        scale = _scales(log_scales, g)
+        opacity = 1.0 / (1.0 + math.exp(-opacity_logits[g]))
+        sigmas = min(RADIUS_SIGMAS, math.sqrt(2 * math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)))
+        for c in range(viewmats.shape[0]):
+            width, height = sizes[c, 0], sizes[c, 1]
+            x, y, z = _camera_point(means, g, viewmats, c)
+            radii[c, g, 0], radii[c, g, 1], visible[c, g] = 0, 0, False
+            if not (NEAR_PLANE < z < FAR_PLANE) or opacity < ALPHA_MIN:
+                continue
+            jw, _, _, _, _ = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
+            _, a, bb, cc = _cov2d(jw, rot, scale)
+            rx, ry = math.ceil(sigmas * math.sqrt(a)), math.ceil(sigmas * math.sqrt(cc))
+            mx = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
+            my = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
+            if (a * cc - bb * bb > 0 and (rx > 0 or ry > 0) and mx + rx > 0
+                    and mx - rx < width and my + ry > 0 and my - ry < height):
+                radii[c, g, 0], radii[c, g, 1], visible[c, g] = rx, ry, True
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
@@ -235,6 +265,7 @@ def visibility(means, quats, log_scales, opacity_logits, viewmats, Ks, sizes,
                radii, visible):  # pragma: no cover - compiled
     """``projection._radii_and_visibility`` of every (camera, Gaussian) pair: the box's
     radii [C, N, 2] (0 where invisible) and the test [C, N]."""
-    for g in prange(means.shape[0]):
-        _visibility_of(g, means, quats, log_scales, opacity_logits, viewmats, Ks, sizes, radii,
-                       visible)
+    count = means.shape[0]
+    for chunk in prange((count + CHUNK - 1) // CHUNK):
+        _visibility_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), means, quats, log_scales,
+                       opacity_logits, viewmats, Ks, sizes, radii, visible)

@@ -10,6 +10,8 @@ its reference (and runs on other devices); the kernels follow it:
 with the 3DGS basis of ``sh.sh_basis`` (degree 0 needs no direction). The
 backward adds each pair's gradient to its Gaussian's rows camera by camera,
 like the projection kernels, so results do not depend on the thread count.
+Like them, they read rows by index, not as views, and run chunks of pairs in
+parallel (see ``projection_kernels``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numba
 from numba import prange
 
 from splatscale.model.gaussians import SH_C0
+from splatscale.render.projection_kernels import CHUNK
 from splatscale.render.sh import SH_C1, SH_C2, SH_C3
 
 # Sums may be reassociated and multiply-adds fused (the sixteen-term sums then run in
@@ -28,9 +31,10 @@ FASTMATH = {"reassoc", "contract"}
 
 
 @numba.njit(inline="always")
-def _direction(mean, centre):  # pragma: no cover - compiled
-    """The unit view direction and the distance it was divided by."""
-    dx, dy, dz = mean[0] - centre[0], mean[1] - centre[1], mean[2] - centre[2]
+def _direction(means, g, centres, c):  # pragma: no cover - compiled
+    """The unit direction from camera c to Gaussian g and the distance divided by."""
+    dx, dy, dz = (means[g, 0] - centres[c, 0], means[g, 1] - centres[c, 1],
+                  means[g, 2] - centres[c, 2])
     norm = max(math.sqrt(dx * dx + dy * dy + dz * dz), 1e-12)
     return dx / norm, dy / norm, dz / norm, norm
 
@@ -82,68 +86,72 @@ def _basis_gradient(degree, x, y, z, w):  # pragma: no cover - compiled
 def _raw(basis, sh0, shN, g, channel):  # pragma: no cover - compiled
     """sum_k basis_k coeff_k of one channel, all 16 terms written out (the basis is 0
     above the degree): a loop would index the tuple at run time, through memory."""
-    c = shN[g]
-    return (basis[0] * sh0[g, 0, channel] + basis[1] * c[0, channel]
-            + basis[2] * c[1, channel] + basis[3] * c[2, channel] + basis[4] * c[3, channel]
-            + basis[5] * c[4, channel] + basis[6] * c[5, channel] + basis[7] * c[6, channel]
-            + basis[8] * c[7, channel] + basis[9] * c[8, channel] + basis[10] * c[9, channel]
-            + basis[11] * c[10, channel] + basis[12] * c[11, channel]
-            + basis[13] * c[12, channel] + basis[14] * c[13, channel]
-            + basis[15] * c[14, channel])
+    return (basis[0] * sh0[g, 0, channel] + basis[1] * shN[g, 0, channel]
+            + basis[2] * shN[g, 1, channel] + basis[3] * shN[g, 2, channel]
+            + basis[4] * shN[g, 3, channel] + basis[5] * shN[g, 4, channel]
+            + basis[6] * shN[g, 5, channel] + basis[7] * shN[g, 6, channel]
+            + basis[8] * shN[g, 7, channel] + basis[9] * shN[g, 8, channel]
+            + basis[10] * shN[g, 9, channel] + basis[11] * shN[g, 10, channel]
+            + basis[12] * shN[g, 11, channel] + basis[13] * shN[g, 12, channel]
+            + basis[14] * shN[g, 13, channel] + basis[15] * shN[g, 14, channel])
 
 
 @numba.njit(inline="always")
 def _add_basis_times(basis, v_shN, g, channel, v):  # pragma: no cover - compiled
     """v_shN[g, :, channel] += basis[1:] v, written out like ``_raw``."""
-    row = v_shN[g]
-    row[0, channel] += basis[1] * v
-    row[1, channel] += basis[2] * v
-    row[2, channel] += basis[3] * v
-    row[3, channel] += basis[4] * v
-    row[4, channel] += basis[5] * v
-    row[5, channel] += basis[6] * v
-    row[6, channel] += basis[7] * v
-    row[7, channel] += basis[8] * v
-    row[8, channel] += basis[9] * v
-    row[9, channel] += basis[10] * v
-    row[10, channel] += basis[11] * v
-    row[11, channel] += basis[12] * v
-    row[12, channel] += basis[13] * v
-    row[13, channel] += basis[14] * v
-    row[14, channel] += basis[15] * v
+    v_shN[g, 0, channel] += basis[1] * v
+    v_shN[g, 1, channel] += basis[2] * v
+    v_shN[g, 2, channel] += basis[3] * v
+    v_shN[g, 3, channel] += basis[4] * v
+    v_shN[g, 4, channel] += basis[5] * v
+    v_shN[g, 5, channel] += basis[6] * v
+    v_shN[g, 6, channel] += basis[7] * v
+    v_shN[g, 7, channel] += basis[8] * v
+    v_shN[g, 8, channel] += basis[9] * v
+    v_shN[g, 9, channel] += basis[10] * v
+    v_shN[g, 10, channel] += basis[11] * v
+    v_shN[g, 11, channel] += basis[12] * v
+    v_shN[g, 12, channel] += basis[13] * v
+    v_shN[g, 13, channel] += basis[14] * v
+    v_shN[g, 14, channel] += basis[15] * v
 
 
 @numba.njit(nogil=True, cache=True, fastmath=FASTMATH)
-def _pair_color(i, g, means, centre, sh0, shN, degree, colors):  # pragma: no cover
-    x, y, z, _ = _direction(means[g], centre)
-    basis = _basis(degree, x, y, z)
-    colors[i, 0] = max(_raw(basis, sh0, shN, g, 0) + 0.5, 0.0)
-    colors[i, 1] = max(_raw(basis, sh0, shN, g, 1) + 0.5, 0.0)
-    colors[i, 2] = max(_raw(basis, sh0, shN, g, 2) + 0.5, 0.0)
+def _colors_of(lo, hi, means, sh0, shN, degree, gaussian_ids, camera_ids, centres,
+               colors):  # pragma: no cover - compiled
+    for i in range(lo, hi):
+        g = gaussian_ids[i]
+        x, y, z, _ = _direction(means, g, centres, camera_ids[i])
+        basis = _basis(degree, x, y, z)
+        colors[i, 0] = max(_raw(basis, sh0, shN, g, 0) + 0.5, 0.0)
+        colors[i, 1] = max(_raw(basis, sh0, shN, g, 1) + 0.5, 0.0)
+        colors[i, 2] = max(_raw(basis, sh0, shN, g, 2) + 0.5, 0.0)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def sh_forward(means, sh0, shN, degree, gaussian_ids, camera_ids, centres,
                colors):  # pragma: no cover - compiled
     """colors[i]: pair i's colour (Gaussian gaussian_ids[i] seen from centres[camera_ids[i]])."""
-    for i in prange(gaussian_ids.shape[0]):
-        _pair_color(i, gaussian_ids[i], means, centres[camera_ids[i]], sh0, shN, degree, colors)
+    pairs = gaussian_ids.shape[0]
+    for chunk in prange((pairs + CHUNK - 1) // CHUNK):
+        _colors_of(chunk * CHUNK, min(pairs, (chunk + 1) * CHUNK), means, sh0, shN, degree,
+                   gaussian_ids, camera_ids, centres, colors)
 
 
 @numba.njit(inline="always")
-def _weights(coeffs, v0, v1, v2):  # pragma: no cover - compiled
+def _weights(shN, g, v0, v1, v2):  # pragma: no cover - compiled
     """w[k] = coeff_k . (v0, v1, v2) for k = 1..15 (w[0] unused), a tuple: no allocation."""
     def w(k):
-        return coeffs[k - 1, 0] * v0 + coeffs[k - 1, 1] * v1 + coeffs[k - 1, 2] * v2
+        return shN[g, k - 1, 0] * v0 + shN[g, k - 1, 1] * v1 + shN[g, k - 1, 2] * v2
     return (0.0, w(1), w(2), w(3), w(4), w(5), w(6), w(7), w(8), w(9), w(10), w(11), w(12),
             w(13), w(14), w(15))
 
 
-@numba.njit(nogil=True, cache=True, fastmath=FASTMATH)
-def _pair_color_gradient(i, g, means, centre, sh0, shN, degree, v_colors, v_means, v_sh0,
+@numba.njit(inline="always")
+def _pair_color_gradient(i, g, c, means, sh0, shN, degree, centres, v_colors, v_means, v_sh0,
                          v_shN):  # pragma: no cover - compiled
-    """Adds pair i's gradient to Gaussian g's rows."""
-    x, y, z, norm = _direction(means[g], centre)
+    """Adds pair i's gradient (Gaussian g, camera c) to Gaussian g's rows."""
+    x, y, z, norm = _direction(means, g, centres, c)
     basis = _basis(degree, x, y, z)
     # d loss / d raw per channel; none passes where the colour was clamped at 0
     v0, v1, v2 = v_colors[i, 0], v_colors[i, 1], v_colors[i, 2]
@@ -161,12 +169,21 @@ def _pair_color_gradient(i, g, means, centre, sh0, shN, degree, v_colors, v_mean
     _add_basis_times(basis, v_shN, g, 2, v2)
     if degree == 0:
         return
-    gx, gy, gz = _basis_gradient(degree, x, y, z, _weights(shN[g], v0, v1, v2))
+    gx, gy, gz = _basis_gradient(degree, x, y, z, _weights(shN, g, v0, v1, v2))
     # n = d / |d|: d n / d d = (I - n n^T) / |d|
     along = gx * x + gy * y + gz * z
     v_means[g, 0] += (gx - along * x) / norm
     v_means[g, 1] += (gy - along * y) / norm
     v_means[g, 2] += (gz - along * z) / norm
+
+
+@numba.njit(nogil=True, cache=True, fastmath=FASTMATH)
+def _color_gradients_of(lo, hi, c, means, sh0, shN, degree, gaussian_ids, centres, v_colors,
+                        v_means, v_sh0, v_shN):  # pragma: no cover - compiled
+    """Pairs [lo, hi), all of camera c."""
+    for i in range(lo, hi):
+        _pair_color_gradient(i, gaussian_ids[i], c, means, sh0, shN, degree, centres, v_colors,
+                             v_means, v_sh0, v_shN)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
@@ -175,6 +192,8 @@ def sh_backward(means, sh0, shN, degree, gaussian_ids, camera_offsets, centres, 
     """Adds each pair's gradient to its Gaussian's rows of v_means, v_sh0, v_shN, camera
     by camera (a Gaussian has at most one pair per camera)."""
     for c in range(camera_offsets.shape[0] - 1):
-        for i in prange(camera_offsets[c], camera_offsets[c + 1]):
-            _pair_color_gradient(i, gaussian_ids[i], means, centres[c], sh0, shN, degree,
-                                 v_colors, v_means, v_sh0, v_shN)
+        lo, hi = camera_offsets[c], camera_offsets[c + 1]
+        for chunk in prange((hi - lo + CHUNK - 1) // CHUNK):
+            _color_gradients_of(lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK), c, means,
+                                sh0, shN, degree, gaussian_ids, centres, v_colors, v_means,
+                                v_sh0, v_shN)
