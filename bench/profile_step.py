@@ -75,10 +75,11 @@ def staged_step(engine: LocalEngine, store: ImageStore, index: int, stages: Stag
     splats.means2d.retain_grad()
     rows = (0, camera.height)
     bins = stages.run("binning", lambda: bin_tiles(splats.means2d, splats.radii, splats.depths,
-                                                   splats.keys, camera.width, rows))
+                                                   splats.keys, camera.width, rows,
+                                                   splats.conics, splats.opacities))
     rgb, _, _ = stages.run("compositing", lambda: composite(
-        *(getattr(splats, n) for n in SPLAT_INPUTS), engine.background, splats.radii, bins,
-        camera.width, rows))
+        *(getattr(splats, n) for n in SPLAT_INPUTS), engine.background, bins, camera.width,
+        rows))
     loss = stages.run("loss", lambda: photometric_loss(rgb, target, engine.ssim_weight))
     rgb_grad, = stages.run("loss_backward", lambda: torch.autograd.grad(loss, rgb))
     inputs = [getattr(splats, n) for n in SPLAT_INPUTS]

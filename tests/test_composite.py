@@ -73,7 +73,7 @@ def test_forward_and_gradients_match_brute_force(seed):
     alpha_weights = torch.randn(h, w, generator=g, dtype=torch.float64)
 
     bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, w, (0, h))
-    rgb, depth_sum, alpha = composite(*leaves.values(), splats.radii, bins, w, (0, h))
+    rgb, depth_sum, alpha = composite(*leaves.values(), bins, w, (0, h))
     p = leaves
     ref_image, ref_alpha = brute_force_composite(
         p["means2d"], p["conics"], torch.cat([p["colors"], p["depths"][:, None]], 1),
@@ -107,8 +107,8 @@ def test_empty_image_is_background():
     bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, 20, (0, 18))
     background = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
     rgb, depth_sum, alpha = composite(splats.means2d, splats.conics, splats.colors,
-                                      splats.depths, splats.opacities, background,
-                                      splats.radii, bins, 20, (0, 18))
+                                      splats.depths, splats.opacities, background, bins, 20,
+                                      (0, 18))
     assert torch.equal(rgb, background.expand(18, 20, 3))
     assert torch.equal(depth_sum, torch.zeros(18, 20, dtype=torch.float64))
     assert torch.equal(alpha, torch.zeros(18, 20, dtype=torch.float64))

@@ -105,8 +105,8 @@ def render_both(splats, inputs, rows, background):
     bins = bin_tiles(splats.means2d, splats.radii, inputs["depths"].detach(), splats.keys, WIDTH,
                      rows)
     theirs = cpu_composite(inputs["means2d"], inputs["conics"], inputs["colors"],
-                           inputs["depths"], inputs["opacities"], background, splats.radii,
-                           bins, WIDTH, rows)
+                           inputs["depths"], inputs["opacities"], background, bins, WIDTH,
+                           rows)
     return ours, theirs
 
 

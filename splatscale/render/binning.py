@@ -3,6 +3,7 @@ backend's; the cuda backend bins with gsplat's kernels)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numba
@@ -11,7 +12,8 @@ import torch
 from torch import Tensor
 
 from splatscale.render.conventions import ALPHA_MIN, TILE_SIZE
-from splatscale.render.cpu_kernels import rect_reached
+from splatscale.render.cpu_kernels import boundary_at, reach_ellipse, strip_span
+from splatscale.render.projection_kernels import CHUNK
 
 
 @dataclass
@@ -67,14 +69,19 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
         by_key = torch.argsort(keys, stable=True)
         order = by_key.index_select(0, torch.argsort(depth_bits.index_select(0, by_key),
                                                      stable=True))
-        boxes = torch.stack([x_lo, x_hi, y_lo, y_hi], dim=1).index_select(0, order)
-        shapes = torch.zeros(len(order), 7, dtype=torch.float64)  # no ellipse: every tile
-        if conics is not None:
-            shapes = torch.cat([means2d.detach(), radii, conics.detach(),
-                                sigma_max(opacities.detach())[:, None]], 1).to(
-                torch.float64).index_select(0, order)
-        splat_ids, offsets = _fill_tiles(order.numpy(), boxes.numpy(), shapes.numpy(),
-                                         conics is not None, tiles_x, tile_row0, n_tiles)
+        boxes = torch.stack([x_lo, x_hi, y_lo, y_hi], dim=1).index_select(0, order).numpy()
+        # Each splat's tiles, row by row of its box: a span of columns per row.
+        row_starts = np.zeros(len(order) + 1, np.int64)
+        np.cumsum(boxes[:, 3] - boxes[:, 2], out=row_starts[1:])
+        spans = np.empty((row_starts[-1], 2), np.int32)
+        if conics is None:
+            _box_spans(boxes, row_starts, spans)
+        else:
+            _ellipse_spans(order.numpy(), boxes, means2d.detach().contiguous().numpy(),
+                           conics.detach().contiguous().numpy(),
+                           sigma_max(opacities.detach()).numpy(), row_starts, spans)
+        splat_ids, offsets = _fill_tiles(order.numpy(), boxes, row_starts, spans, tiles_x,
+                                         tile_row0, n_tiles)
     return TileBins(torch.from_numpy(splat_ids), torch.from_numpy(offsets), tiles_x, tile_row0,
                     tile_row1 - tile_row0)
 
@@ -85,34 +92,68 @@ def sigma_max(opacities: Tensor) -> Tensor:
 
 
 @numba.njit(cache=True)
-def _reaches(shape, tile_x, tile_y, ellipse):  # pragma: no cover - compiled
-    """Whether a splat (means2d, radii, conic, sigma_max) can change a pixel of the tile."""
-    if not ellipse:
-        return True
-    return rect_reached(shape[0], shape[1], shape[2], shape[3], shape[4], shape[5], shape[6],
-                        shape[7], tile_x * TILE_SIZE, tile_y * TILE_SIZE, TILE_SIZE, TILE_SIZE)
+def _box_spans(boxes, row_starts, spans):  # pragma: no cover - compiled
+    """Every tile of each box."""
+    for i in range(boxes.shape[0]):
+        for j in range(row_starts[i], row_starts[i + 1]):
+            spans[j, 0], spans[j, 1] = boxes[i, 0], boxes[i, 1]
 
 
 @numba.njit(cache=True)
-def _fill_tiles(order, boxes, shapes, ellipse, tiles_x, tile_row0,
+def _ellipse_spans_of(lo, hi, order, boxes, means2d, conics, sigma_max, row_starts,
+                      spans):  # pragma: no cover - compiled
+    """Splats [lo, hi): in each tile row of the box, the tiles with a pixel centre in
+    the splat's ``reach_ellipse`` (a span, as a row cuts the ellipse in one piece)."""
+    for i in range(lo, hi):
+        g = order[i]
+        mx, my = np.float64(means2d[g, 0]), np.float64(means2d[g, 1])
+        a, b, c = np.float64(conics[g, 0]), np.float64(conics[g, 1]), np.float64(conics[g, 2])
+        limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max[g])
+        x_lo, x_hi = boxes[i, 0], boxes[i, 1]
+        v = boxes[i, 2] * TILE_SIZE - my  # the top of a row of tiles, relative to the mean
+        at_top = boundary_at(a, b, limit, det, ey, v)
+        for j in range(row_starts[i], row_starts[i + 1]):
+            at_bottom = boundary_at(a, b, limit, det, ey, v + TILE_SIZE)
+            left, right = strip_span(b, c, det, ex, ey, v, v + TILE_SIZE, at_top, at_bottom)
+            v, at_top = v + TILE_SIZE, at_bottom
+            if left > right:
+                spans[j, 0], spans[j, 1] = 0, 0
+                continue
+            # Tile tx's pixel centres: tx TILE_SIZE + 0.5 to (tx + 1) TILE_SIZE - 0.5.
+            first = (mx + left - (TILE_SIZE - 0.5)) / TILE_SIZE
+            last = (mx + right - 0.5) / TILE_SIZE
+            spans[j, 0] = max(x_lo, int(math.ceil(min(first, x_hi))))
+            spans[j, 1] = max(spans[j, 0], min(x_hi, int(math.floor(max(last, x_lo - 1))) + 1))
+
+
+@numba.njit(parallel=True, cache=True)
+def _ellipse_spans(order, boxes, means2d, conics, sigma_max, row_starts,
+                   spans):  # pragma: no cover - compiled
+    count = order.shape[0]
+    for chunk in numba.prange((count + CHUNK - 1) // CHUNK):
+        _ellipse_spans_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), order, boxes, means2d,
+                          conics, sigma_max, row_starts, spans)
+
+
+@numba.njit(cache=True)
+def _fill_tiles(order, boxes, row_starts, spans, tiles_x, tile_row0,
                 n_tiles):  # pragma: no cover - compiled
     """Each tile's splats in ``order``: the splat ids tile after tile, and where each
-    tile's start (a counting sort). ``boxes[i]`` is splat order[i]'s box in tiles,
-    (x_lo, x_hi, y_lo, y_hi), ``shapes[i]`` its ellipse for ``_reaches``."""
+    tile's start (a counting sort). Splat order[i] covers, in tile row boxes[i, 2] + r,
+    the columns [spans[row_starts[i] + r, 0], spans[row_starts[i] + r, 1])."""
     offsets = np.zeros(n_tiles + 1, np.int64)
     for i in range(order.shape[0]):
-        for ty in range(boxes[i, 2], boxes[i, 3]):
-            for tx in range(boxes[i, 0], boxes[i, 1]):
-                if _reaches(shapes[i], tx, ty, ellipse):
-                    offsets[(ty - tile_row0) * tiles_x + tx + 1] += 1
+        for j in range(row_starts[i], row_starts[i + 1]):
+            row = (boxes[i, 2] + j - row_starts[i] - tile_row0) * tiles_x
+            for tx in range(spans[j, 0], spans[j, 1]):
+                offsets[row + tx + 1] += 1
     offsets = np.cumsum(offsets)
     cursor = offsets[:-1].copy()
     splat_ids = np.empty(offsets[-1], np.int64)
     for i in range(order.shape[0]):
-        for ty in range(boxes[i, 2], boxes[i, 3]):
-            for tx in range(boxes[i, 0], boxes[i, 1]):
-                if _reaches(shapes[i], tx, ty, ellipse):
-                    tile = (ty - tile_row0) * tiles_x + tx
-                    splat_ids[cursor[tile]] = order[i]
-                    cursor[tile] += 1
+        for j in range(row_starts[i], row_starts[i + 1]):
+            row = (boxes[i, 2] + j - row_starts[i] - tile_row0) * tiles_x
+            for tx in range(spans[j, 0], spans[j, 1]):
+                splat_ids[cursor[row + tx]] = order[i]
+                cursor[row + tx] += 1
     return splat_ids, offsets

@@ -5,7 +5,7 @@ its depth-sorted splats is outside and the pixels are inside, so LLVM
 vectorises the pixel loop; every per-pixel decision is a select, not a branch.
 A tile's pixels are stored as eight blocks of 8x4 (32 consecutive values, one
 vectorised loop each), and a splat is evaluated only on the blocks where its
-alpha can reach 1/255 (``rect_reached``): elsewhere it changes no pixel and
+alpha can reach 1/255 (``reach_ellipse``): elsewhere it changes no pixel and
 no gradient. The kernels composite exactly four channels, RGB and depth,
 fused into the pixel loop rather than looped over.
 The backward pass writes one gradient row per intersection; rows are summed per
@@ -40,8 +40,8 @@ GRAD_WIDTH = 10
 # The kernels read the splats through ``pack``: one row per intersection, in
 # intersection order (tile by tile, nearest first), so a tile reads consecutive
 # rows; read through the splat ids, every intersection would be a cache miss.
-(MEAN_X, MEAN_Y, CONIC_A, CONIC_B, CONIC_C, OPACITY, RED, GREEN, BLUE, DEPTH, RADIUS_X,
- RADIUS_Y, SIGMA_MAX, BLOCKS_REACHED) = range(14)
+(MEAN_X, MEAN_Y, CONIC_A, CONIC_B, CONIC_C, OPACITY, RED, GREEN, BLUE, DEPTH, SIGMA_MAX,
+ BLOCKS_REACHED) = range(12)
 PACKED_WIDTH = 16  # 64 bytes in float32: one cache line
 
 
@@ -115,37 +115,57 @@ def _tile_xy(p):
 
 
 @nb.njit(inline="always")
-def _edge_min(a, b, c, fixed, lo, hi):
-    """min over t in [lo, hi] of 0.5 a fixed^2 + b fixed t + 0.5 c t^2 (c > 0)."""
-    t = min(max(-b * fixed / c, lo), hi)
-    return 0.5 * a * fixed * fixed + b * fixed * t + 0.5 * c * t * t
+def reach_ellipse(a, b, c, sigma_max):
+    """The ellipse {u : 0.5 (a u_x^2 + c u_y^2) + b u_x u_y <= limit} (u = pixel centre
+    - mean) outside which a splat of conic (a, b, c) stays below alpha 1/255: ``limit``
+    is ``sigma_max`` = ln(255 opacity) with a margin far above float32 rounding.
+
+    Returns (limit, det = ac - b^2, half-width, half-height); det <= 0 (a conic
+    rounded to singular) bounds nothing. In float64.
+    """
+    det = a * c - b * b
+    if not det > 0.0:
+        return sigma_max, det, np.inf, np.inf
+    reach = max(sigma_max, 0.0)
+    ex, ey = math.sqrt(2.0 * reach * c / det), math.sqrt(2.0 * reach * a / det)
+    # float32 rounds sigma relative to its terms, at most these inside the ellipse.
+    limit = sigma_max + 0.01 + 1e-5 * (a * ex * ex + 2.0 * abs(b) * ex * ey + c * ey * ey)
+    reach = max(limit, 0.0)
+    return limit, det, math.sqrt(2.0 * reach * c / det), math.sqrt(2.0 * reach * a / det)
 
 
 @nb.njit(inline="always")
-def rect_reached(mx, my, rx, ry, a, b, c, sigma_max, x0, y0, width, height):
-    """Whether a splat may reach alpha 1/255 at a pixel centre of the ``width`` x
-    ``height`` pixels from (x0, y0): its box (with a pixel of slack) meets them, and
-    sigma's minimum over their centres is at most ``sigma_max`` = ln(255 opacity),
-    with a margin far above float32 rounding. In float64 throughout."""
-    if (mx + rx + 1.0 < x0 or mx - rx - 1.0 > x0 + width
-            or my + ry + 1.0 < y0 or my - ry - 1.0 > y0 + height):
-        return False
-    # d = mean - pixel centre over the rectangle: a convex quadratic's minimum over a
-    # rectangle is 0 inside it, else on an edge.
-    dx_lo, dx_hi = mx - (x0 + width - 0.5), mx - (x0 + 0.5)
-    dy_lo, dy_hi = my - (y0 + height - 0.5), my - (y0 + 0.5)
-    if dx_lo <= 0.0 <= dx_hi and dy_lo <= 0.0 <= dy_hi:
-        return True
-    dxm, dym = max(-dx_lo, dx_hi), max(-dy_lo, dy_hi)
-    margin = 0.01 + 1e-5 * (abs(a) * dxm * dxm + 2 * abs(b) * dxm * dym + abs(c) * dym * dym)
-    lowest = min(_edge_min(a, b, c, dx_lo, dy_lo, dy_hi), _edge_min(a, b, c, dx_hi, dy_lo, dy_hi),
-                 _edge_min(c, b, a, dy_lo, dx_lo, dx_hi), _edge_min(c, b, a, dy_hi, dx_lo, dx_hi))
-    return lowest <= sigma_max + margin
+def boundary_at(a, b, limit, det, ey, v):
+    """(left, right): u_x on the boundary of the ellipse (``reach_ellipse``) at u_y = v,
+    v clamped into the ellipse's height."""
+    v = min(max(v, -ey), ey)
+    root = math.sqrt(max(2.0 * a * limit - det * v * v, 0.0))
+    return (-b * v - root) / a, (-b * v + root) / a
+
+
+@nb.njit(inline="always")
+def strip_span(b, c, det, ex, ey, v0, v1, at_v0, at_v1):
+    """The x-extent (lo, hi), relative to the mean, of the ellipse (``reach_ellipse``)
+    within the strip v0 <= u_y <= v1, given ``boundary_at`` v0 and v1; lo > hi when
+    they do not meet.
+
+    The boundary's left half is convex in u_y and its right half concave, so each
+    extreme over the strip is the ellipse's own (at u_y = +-b ex / c) when the strip
+    holds it, else at an end of the strip.
+    """
+    if not det > 0.0:
+        return -np.inf, np.inf
+    if v0 > ey or v1 < -ey:
+        return 1.0, -1.0
+    turn = b * ex / c
+    lo = -ex if v0 <= turn <= v1 else min(at_v0[0], at_v1[0])
+    hi = ex if v0 <= -turn <= v1 else max(at_v0[1], at_v1[1])
+    return lo, hi
 
 
 @nb.njit(parallel=True, cache=True)
 def pack(splat_ids, offsets, tile_order, tiles_x, tile_row0, means2d, conics, opacities, colors,
-         depths, radii, sigma_max, out):  # pragma: no cover - compiled
+         depths, sigma_max, out):  # pragma: no cover - compiled
     """out[k]: the values of splat splat_ids[k] the kernels read (the layout above), and
     the blocks of its tile it can reach (a bit mask, once for both kernels)."""
     for i in nb.prange(tile_order.shape[0]):
@@ -157,26 +177,29 @@ def pack(splat_ids, offsets, tile_order, tiles_x, tile_row0, means2d, conics, op
             out[k, CONIC_A], out[k, CONIC_B] = conics[g, 0], conics[g, 1]
             out[k, CONIC_C], out[k, OPACITY], out[k, DEPTH] = conics[g, 2], opacities[g], depths[g]
             out[k, RED], out[k, GREEN], out[k, BLUE] = colors[g, 0], colors[g, 1], colors[g, 2]
-            out[k, RADIUS_X], out[k, RADIUS_Y] = radii[g, 0], radii[g, 1]
             out[k, SIGMA_MAX] = sigma_max[g]
             out[k, BLOCKS_REACHED] = _blocks_reached(k, out, tile_x, tile_y)
 
 
 @nb.njit(inline="always")
 def _blocks_reached(k, packed, tile_x, tile_y):
-    """Bit i set: intersection k's splat may reach block i of the tile
-    (``rect_reached``)."""
-    row = packed[k]
-    mx, my = np.float64(row[MEAN_X]), np.float64(row[MEAN_Y])
-    a, b, c = np.float64(row[CONIC_A]), np.float64(row[CONIC_B]), np.float64(row[CONIC_C])
-    rx, ry = np.float64(row[RADIUS_X]), np.float64(row[RADIUS_Y])
-    limit = np.float64(row[SIGMA_MAX])
+    """Bit i set: intersection k's splat may reach block i of the tile (a pixel centre
+    of it lies in its ``reach_ellipse``)."""
+    mx, my = np.float64(packed[k, MEAN_X]), np.float64(packed[k, MEAN_Y])
+    a, b = np.float64(packed[k, CONIC_A]), np.float64(packed[k, CONIC_B])
+    c = np.float64(packed[k, CONIC_C])
+    limit, det, ex, ey = reach_ellipse(a, b, c, np.float64(packed[k, SIGMA_MAX]))
     mask = 0
-    for block in range(BLOCKS):
-        x0 = tile_x * TILE + (block % BLOCKS_X) * BLOCK_W
-        y0 = tile_y * TILE + (block // BLOCKS_X) * BLOCK_H
-        if rect_reached(mx, my, rx, ry, a, b, c, limit, x0, y0, BLOCK_W, BLOCK_H):
-            mask |= 1 << block
+    v = tile_y * TILE - my  # the top of a row of blocks, relative to the mean
+    at_top = boundary_at(a, b, limit, det, ey, v)
+    for row in range(BLOCKS // BLOCKS_X):
+        at_bottom = boundary_at(a, b, limit, det, ey, v + BLOCK_H)
+        lo, hi = strip_span(b, c, det, ex, ey, v, v + BLOCK_H, at_top, at_bottom)
+        for column in range(BLOCKS_X):
+            x0 = tile_x * TILE + column * BLOCK_W
+            if mx + lo <= x0 + BLOCK_W - 0.5 and mx + hi >= x0 + 0.5:
+                mask |= 1 << (row * BLOCKS_X + column)
+        v, at_top = v + BLOCK_H, at_bottom
     return mask
 
 

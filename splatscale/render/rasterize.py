@@ -49,8 +49,8 @@ def balanced_tile_order(work: np.ndarray, n_threads: int) -> np.ndarray:
 
 
 def _kernel_inputs(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
-                   opacities: Tensor, background: Tensor, radii: Tensor, bins: TileBins,
-                   width: int, rows: tuple[int, int]) -> list:
+                   opacities: Tensor, background: Tensor, bins: TileBins, width: int,
+                   rows: tuple[int, int]) -> list:
     """The arguments the forward and backward kernels share, in their order: first the
     splats packed by intersection (``cpu_kernels.pack``)."""
     splat_ids, offsets = _numpy(bins.splat_ids), _numpy(bins.offsets)
@@ -59,8 +59,7 @@ def _kernel_inputs(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tens
     tile_order = balanced_tile_order(np.diff(offsets), numba.get_num_threads())
     cpu_kernels.pack(splat_ids, offsets, tile_order, bins.tiles_x, bins.tile_row0,
                      _numpy(means2d), _numpy(conics), _numpy(opacities), _numpy(colors),
-                     _numpy(depths), _numpy(radii), sigma_max(opacities.detach()).numpy(),
-                     packed.numpy())
+                     _numpy(depths), sigma_max(opacities.detach()).numpy(), packed.numpy())
     return [packed.numpy(), _numpy(background), offsets, tile_order, bins.tiles_x,
             bins.tile_row0, width, rows[0], rows[1]]
 
@@ -70,15 +69,15 @@ class _Composite(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
-                opacities: Tensor, background: Tensor, radii: Tensor, bins: TileBins, width: int,
+                opacities: Tensor, background: Tensor, bins: TileBins, width: int,
                 rows: tuple[int, int]):
         dtype, height = means2d.dtype, rows[1] - rows[0]
         rgb = torch.empty((height, width, 3), dtype=dtype)
         depth_sum = torch.empty((height, width), dtype=dtype)
         final_T = torch.empty((height, width), dtype=dtype)
         last = torch.empty((height, width), dtype=torch.int32)
-        inputs = _kernel_inputs(means2d, conics, colors, depths, opacities, background, radii,
-                                bins, width, rows)
+        inputs = _kernel_inputs(means2d, conics, colors, depths, opacities, background, bins,
+                                width, rows)
         cpu_kernels.forward(*inputs, rgb.numpy(), depth_sum.numpy(), final_T.numpy(),
                             last.numpy())
         # The backward kernel takes the same inputs (the packed splats are a copy).
@@ -100,19 +99,19 @@ class _Composite(torch.autograd.Function):
         v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
         return (grads[:, k.GRAD_MEAN:k.GRAD_MEAN + 2], grads[:, k.GRAD_CONIC:k.GRAD_CONIC + 3],
                 grads[:, k.GRAD_COLOR:k.GRAD_COLOR + 3], grads[:, k.GRAD_DEPTH],
-                grads[:, k.GRAD_OPACITY], v_background, None, None, None, None)
+                grads[:, k.GRAD_OPACITY], v_background, None, None, None)
 
 
 def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
-              opacities: Tensor, background: Tensor, radii: Tensor, bins: TileBins, width: int,
+              opacities: Tensor, background: Tensor, bins: TileBins, width: int,
               rows: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
     """Composite binned splats into rows ``rows`` of the image.
 
     Returns rgb [h, W, 3] over ``background``, the alpha-weighted depth sum
     [h, W] and alpha [h, W].
     """
-    return _Composite.apply(means2d, conics, colors, depths, opacities, background, radii, bins,
-                            width, rows)
+    return _Composite.apply(means2d, conics, colors, depths, opacities, background, bins, width,
+                            rows)
 
 
 def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | None = None,
@@ -141,5 +140,5 @@ def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | N
                          (y0, y1), splats.conics, splats.opacities)
         rgb, depth_sum, alpha = composite(splats.means2d, splats.conics, splats.colors,
                                           splats.depths, splats.opacities, background,
-                                          splats.radii, bins, width, (y0, y1))
+                                          bins, width, (y0, y1))
     return RenderOutput(rgb, alpha, depth_sum / torch.clamp_min(alpha, DEPTH_EPS), (y0, y1))
