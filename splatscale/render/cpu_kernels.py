@@ -126,12 +126,13 @@ def reach_ellipse(a, b, c, sigma_max):
     det = a * c - b * b
     if not det > 0.0:
         return sigma_max, det, np.inf, np.inf
+    inv_det = 1.0 / det
     reach = max(sigma_max, 0.0)
-    ex, ey = math.sqrt(2.0 * reach * c / det), math.sqrt(2.0 * reach * a / det)
+    ex, ey = math.sqrt(2.0 * reach * c * inv_det), math.sqrt(2.0 * reach * a * inv_det)
     # float32 rounds sigma relative to its terms, at most these inside the ellipse.
-    limit = sigma_max + 0.01 + 1e-5 * (a * ex * ex + 2.0 * abs(b) * ex * ey + c * ey * ey)
-    reach = max(limit, 0.0)
-    return limit, det, math.sqrt(2.0 * reach * c / det), math.sqrt(2.0 * reach * a / det)
+    limit = max(sigma_max + 0.01 + 1e-5 * (a * ex * ex + 2.0 * abs(b) * ex * ey + c * ey * ey),
+                0.0)
+    return limit, det, math.sqrt(2.0 * limit * c * inv_det), math.sqrt(2.0 * limit * a * inv_det)
 
 
 @nb.njit(inline="always")
@@ -140,14 +141,15 @@ def boundary_at(a, b, limit, det, ey, v):
     v clamped into the ellipse's height."""
     v = min(max(v, -ey), ey)
     root = math.sqrt(max(2.0 * a * limit - det * v * v, 0.0))
-    return (-b * v - root) / a, (-b * v + root) / a
+    inv_a = 1.0 / a
+    return (-b * v - root) * inv_a, (-b * v + root) * inv_a
 
 
 @nb.njit(inline="always")
 def strip_span(b, c, det, ex, ey, v0, v1, at_v0, at_v1):
     """The x-extent (lo, hi), relative to the mean, of the ellipse (``reach_ellipse``)
-    within the strip v0 <= u_y <= v1, given ``boundary_at`` v0 and v1; lo > hi when
-    they do not meet.
+    within the strip v0 <= u_y <= v1, given ``boundary_at`` v0 and v1; (inf, -inf)
+    when they do not meet.
 
     The boundary's left half is convex in u_y and its right half concave, so each
     extreme over the strip is the ellipse's own (at u_y = +-b ex / c) when the strip
@@ -156,7 +158,7 @@ def strip_span(b, c, det, ex, ey, v0, v1, at_v0, at_v1):
     if not det > 0.0:
         return -np.inf, np.inf
     if v0 > ey or v1 < -ey:
-        return 1.0, -1.0
+        return np.inf, -np.inf
     turn = b * ex / c
     lo = -ex if v0 <= turn <= v1 else min(at_v0[0], at_v1[0])
     hi = ex if v0 <= -turn <= v1 else max(at_v0[1], at_v1[1])
@@ -196,9 +198,9 @@ def _blocks_reached(k, packed, tile_x, tile_y):
         at_bottom = boundary_at(a, b, limit, det, ey, v + BLOCK_H)
         lo, hi = strip_span(b, c, det, ex, ey, v, v + BLOCK_H, at_top, at_bottom)
         for column in range(BLOCKS_X):
-            x0 = tile_x * TILE + column * BLOCK_W
-            if mx + lo <= x0 + BLOCK_W - 0.5 and mx + hi >= x0 + 0.5:
-                mask |= 1 << (row * BLOCKS_X + column)
+            x0 = tile_x * TILE + column * BLOCK_W - mx  # relative to the mean
+            meets = lo <= x0 + BLOCK_W - 0.5 and hi >= x0 + 0.5
+            mask |= (1 << (row * BLOCKS_X + column)) if meets else 0
         v, at_top = v + BLOCK_H, at_bottom
     return mask
 
