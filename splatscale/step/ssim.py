@@ -55,26 +55,26 @@ def _blur_kernel(images, taps, out):
     channels, height, width = images.shape
     radius = taps.shape[0] // 2
     rows = np.empty_like(images)
+    # Unsigned indices keep numba's negative-index wraparound out of the loops, which
+    # LLVM then vectorises; no views of rows: each would cost an atomic reference count.
     for cy in nb.prange(channels * height):
         c, y = cy // height, cy % height
-        row = rows[c, y]
-        row[:] = 0
+        for x in range(np.uint64(0), np.uint64(width)):
+            rows[c, y, x] = 0
         for k in range(taps.shape[0]):
             offset = k - radius
             lo, hi = max(0, -offset), min(width, width - offset)
-            # Shifted views and an unsigned index keep numba's negative-index
-            # wraparound out of the loop, which LLVM then vectorises.
-            dst, src, tap = row[lo:hi], images[c, y, lo + offset:hi + offset], taps[k]
+            dst, src, tap = np.uint64(lo), np.uint64(lo + offset), taps[k]
             for x in range(np.uint64(0), np.uint64(hi - lo)):
-                dst[x] += tap * src[x]
+                rows[c, y, dst + x] += tap * images[c, y, src + x]
     for cy in nb.prange(channels * height):
         c, y = cy // height, cy % height
-        target = out[c, y]
-        target[:] = 0
+        for x in range(np.uint64(0), np.uint64(width)):
+            out[c, y, x] = 0
         for k in range(max(0, radius - y), min(taps.shape[0], height + radius - y)):
-            source = rows[c, y + k - radius]
+            source, tap = y + k - radius, taps[k]
             for x in range(np.uint64(0), np.uint64(width)):
-                target[x] += taps[k] * source[x]
+                out[c, y, x] += tap * rows[c, source, x]
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
