@@ -414,9 +414,21 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
 
 
 @nb.njit(cache=True)
-def sum_per_splat(splat_ids, isect_grads, out):
-    """out[s] += the gradient rows of splat s's intersections, in intersection order."""
+def _sum_rows_of(lo, hi, splat_ids, isect_grads, out):  # pragma: no cover - compiled
+    """out[s] += the gradient rows of splat s's intersections, for s in [lo, hi)."""
     for k in range(splat_ids.shape[0]):
         s = splat_ids[k]
-        for j in range(isect_grads.shape[1]):
-            out[s, j] += isect_grads[k, j]
+        if lo <= s < hi:
+            for j in range(GRAD_WIDTH):
+                out[s, j] += isect_grads[k, j]
+
+
+@nb.njit(parallel=True, cache=True)
+def sum_per_splat(splat_ids, isect_grads, out, parts):  # pragma: no cover - compiled
+    """out[s] += the gradient rows of splat s's intersections, in intersection order.
+    Each of ``parts`` tasks takes a range of splats (and reads every splat id): a
+    splat's sum never depends on their number."""
+    count = out.shape[0]
+    for part in nb.prange(parts):
+        _sum_rows_of(part * count // parts, (part + 1) * count // parts, splat_ids,
+                     isect_grads, out)

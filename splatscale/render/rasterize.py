@@ -94,7 +94,8 @@ class _Composite(torch.autograd.Function):
         cpu_kernels.backward(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
                              _numpy(v_depth_sum), _numpy(v_alpha), isect_grads.numpy())
         grads = torch.zeros((means2d.shape[0], cpu_kernels.GRAD_WIDTH), dtype=means2d.dtype)
-        cpu_kernels.sum_per_splat(splat_ids, isect_grads.numpy(), grads.numpy())
+        cpu_kernels.sum_per_splat(splat_ids, isect_grads.numpy(), grads.numpy(),
+                                  numba.get_num_threads())
         k = cpu_kernels
         v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
         return (grads[:, k.GRAD_MEAN:k.GRAD_MEAN + 2], grads[:, k.GRAD_CONIC:k.GRAD_CONIC + 3],
