@@ -81,7 +81,7 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
                            conics.detach().contiguous().numpy(),
                            sigma_max(opacities.detach()).numpy(), row_starts, spans)
         splat_ids, offsets = _fill_tiles(order.numpy(), boxes, row_starts, spans, tiles_x,
-                                         tile_row0, n_tiles)
+                                         tile_row0, n_tiles, numba.get_num_threads())
     return TileBins(torch.from_numpy(splat_ids), torch.from_numpy(offsets), tiles_x, tile_row0,
                     tile_row1 - tile_row0)
 
@@ -136,24 +136,53 @@ def _ellipse_spans(order, boxes, means2d, conics, sigma_max, row_starts,
 
 
 @numba.njit(cache=True)
-def _fill_tiles(order, boxes, row_starts, spans, tiles_x, tile_row0,
-                n_tiles):  # pragma: no cover - compiled
-    """Each tile's splats in ``order``: the splat ids tile after tile, and where each
-    tile's start (a counting sort). Splat order[i] covers, in tile row boxes[i, 2] + r,
-    the columns [spans[row_starts[i] + r, 0], spans[row_starts[i] + r, 1])."""
-    offsets = np.zeros(n_tiles + 1, np.int64)
-    for i in range(order.shape[0]):
+def _count_tiles(lo, hi, boxes, row_starts, spans, tiles_x, tile_row0,
+                 counts):  # pragma: no cover - compiled
+    """counts[t] += the intersections of splats order[lo:hi] with tile t."""
+    for i in range(lo, hi):
         for j in range(row_starts[i], row_starts[i + 1]):
             row = (boxes[i, 2] + j - row_starts[i] - tile_row0) * tiles_x
             for tx in range(spans[j, 0], spans[j, 1]):
-                offsets[row + tx + 1] += 1
-    offsets = np.cumsum(offsets)
-    cursor = offsets[:-1].copy()
-    splat_ids = np.empty(offsets[-1], np.int64)
-    for i in range(order.shape[0]):
+                counts[row + tx] += 1
+
+
+@numba.njit(cache=True)
+def _place_splats(lo, hi, order, boxes, row_starts, spans, tiles_x, tile_row0, cursor,
+                  splat_ids):  # pragma: no cover - compiled
+    """Splats order[lo:hi] into their tiles, each tile's from ``cursor`` on."""
+    for i in range(lo, hi):
         for j in range(row_starts[i], row_starts[i + 1]):
             row = (boxes[i, 2] + j - row_starts[i] - tile_row0) * tiles_x
             for tx in range(spans[j, 0], spans[j, 1]):
                 splat_ids[cursor[row + tx]] = order[i]
                 cursor[row + tx] += 1
+
+
+@numba.njit(parallel=True, cache=True)
+def _fill_tiles(order, boxes, row_starts, spans, tiles_x, tile_row0, n_tiles,
+                parts):  # pragma: no cover - compiled
+    """Each tile's splats in ``order``: the splat ids tile after tile, and where each
+    tile's start (a counting sort). Splat order[i] covers, in tile row boxes[i, 2] + r,
+    the columns [spans[row_starts[i] + r, 0], spans[row_starts[i] + r, 1]).
+
+    ``parts`` consecutive runs of splats (of about equal rows) are counted and placed
+    in parallel, each tile taking the runs in order: the result is the sequential
+    sort's whatever their number."""
+    count = order.shape[0]
+    bounds = np.searchsorted(row_starts, np.arange(parts + 1) * (row_starts[-1] / parts))
+    bounds[0], bounds[parts] = 0, count
+    counts = np.zeros((parts, n_tiles), np.int64)
+    for part in numba.prange(parts):
+        _count_tiles(bounds[part], bounds[part + 1], boxes, row_starts, spans, tiles_x,
+                     tile_row0, counts[part])
+    offsets = np.zeros(n_tiles + 1, np.int64)
+    offsets[1:] = np.cumsum(counts.sum(axis=0))
+    cursors = np.empty((parts, n_tiles), np.int64)
+    cursors[0] = offsets[:-1]
+    for part in range(1, parts):
+        cursors[part] = cursors[part - 1] + counts[part - 1]
+    splat_ids = np.empty(offsets[-1], np.int64)
+    for part in numba.prange(parts):
+        _place_splats(bounds[part], bounds[part + 1], order, boxes, row_starts, spans, tiles_x,
+                      tile_row0, cursors[part], splat_ids)
     return splat_ids, offsets
