@@ -4,7 +4,8 @@
 On the CPU, ``ssim`` instead runs a fused numba kernel that returns the mean
 and its gradient in one go: torch's depthwise convolutions and the many
 full-image elementwise passes around them are memory-bound and several times
-slower there. The window is symmetric, so the blur is self-adjoint and the
+slower there. The kernel reads the [h, W, 3] images as they are, rows of
+interleaved channels, so neither they nor the gradient are transposed. The window is symmetric, so the blur is self-adjoint and the
 gradient needs only blurs of per-pixel partial derivatives.
 """
 
@@ -50,71 +51,68 @@ def ssim_map(image: Tensor, target: Tensor) -> Tensor:
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
-def _blur_kernel(images, taps, out):
-    """out = taps (x) taps * images per channel, zero padded; images [C, H, W]."""
-    channels, height, width = images.shape
+def _blur_kernel(images, taps, step, out):
+    """out = taps (x) taps * images, zero padded; images [P, H, L] are P planes of rows
+    of interleaved channels, whose neighbours along a row are ``step`` apart."""
+    planes, height, length = images.shape
     radius = taps.shape[0] // 2
     rows = np.empty_like(images)
     # Unsigned indices keep numba's negative-index wraparound out of the loops, which
     # LLVM then vectorises; no views of rows: each would cost an atomic reference count.
-    for cy in nb.prange(channels * height):
-        c, y = cy // height, cy % height
-        for x in range(np.uint64(0), np.uint64(width)):
-            rows[c, y, x] = 0
+    for py in nb.prange(planes * height):
+        p, y = py // height, py % height
+        for x in range(np.uint64(0), np.uint64(length)):
+            rows[p, y, x] = 0
         for k in range(taps.shape[0]):
-            offset = k - radius
-            lo, hi = max(0, -offset), min(width, width - offset)
+            offset = (k - radius) * step
+            lo, hi = max(0, -offset), min(length, length - offset)
             dst, src, tap = np.uint64(lo), np.uint64(lo + offset), taps[k]
             for x in range(np.uint64(0), np.uint64(hi - lo)):
-                rows[c, y, dst + x] += tap * images[c, y, src + x]
-    for cy in nb.prange(channels * height):
-        c, y = cy // height, cy % height
-        for x in range(np.uint64(0), np.uint64(width)):
-            out[c, y, x] = 0
+                rows[p, y, dst + x] += tap * images[p, y, src + x]
+    for py in nb.prange(planes * height):
+        p, y = py // height, py % height
+        for x in range(np.uint64(0), np.uint64(length)):
+            out[p, y, x] = 0
         for k in range(max(0, radius - y), min(taps.shape[0], height + radius - y)):
             source, tap = y + k - radius, taps[k]
-            for x in range(np.uint64(0), np.uint64(width)):
-                out[c, y, x] += tap * rows[c, source, x]
+            for x in range(np.uint64(0), np.uint64(length)):
+                out[p, y, x] += tap * rows[p, source, x]
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
-def _ssim_value_and_grad(a, b, taps, c1, c2, row0, row1, n, grad_a):
-    """SSIM of images a, b [C, H, W] summed over rows [row0, row1) and divided by n,
-    and its gradient w.r.t. a (into grad_a). The mean is rows (0, H), n = C H W.
+def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n, grad_a):
+    """SSIM of images a, b [H, W C] (channels interleaved, ``step`` = C) summed over
+    rows [row0, row1) and divided by n, and its gradient w.r.t. a (into grad_a). The
+    mean is rows (0, H), n = C H W.
 
     With mu = G*a, E_aa = G*(a a), E_ab = G*(a b) (G the window) the map is
     S = (2 mu_a mu_b + c1)(2 (E_ab - mu_a mu_b) + c2) / (D1 D2), and
     d mean(S) / da = G*(dS/dmu_a) + 2 a G*(dS/dE_aa) + b G*(dS/dE_ab), all over
     the element count: five blurred planes forward, three backward.
     """
-    channels, height, width = a.shape
-    planes = np.empty((5 * channels, height, width), a.dtype)
-    for cy in nb.prange(channels * height):
-        c, y = cy // height, cy % height
-        for x in range(np.uint64(0), np.uint64(width)):
-            va, vb = a[c, y, x], b[c, y, x]
-            planes[c, y, x] = va
-            planes[channels + c, y, x] = vb
-            planes[2 * channels + c, y, x] = va * va
-            planes[3 * channels + c, y, x] = vb * vb
-            planes[4 * channels + c, y, x] = va * vb
+    height, length = a.shape
+    planes = np.empty((5, height, length), a.dtype)
+    for y in nb.prange(height):
+        for x in range(np.uint64(0), np.uint64(length)):
+            va, vb = a[y, x], b[y, x]
+            planes[0, y, x] = va
+            planes[1, y, x] = vb
+            planes[2, y, x] = va * va
+            planes[3, y, x] = vb * vb
+            planes[4, y, x] = va * vb
     blurred = np.empty_like(planes)
-    _blur_kernel(planes, taps, blurred)
-    partials = np.empty((3 * channels, height, width), a.dtype)
-    row_sums = np.zeros(channels * height, a.dtype)
-    for cy in nb.prange(channels * height):
-        c, y = cy // height, cy % height
+    _blur_kernel(planes, taps, step, blurred)
+    partials = np.empty((3, height, length), a.dtype)
+    row_sums = np.zeros(height, a.dtype)
+    for y in nb.prange(height):
         total = a.dtype.type(0)
         if y < row0 or y >= row1:  # a halo row: it feeds the blur, but is not counted
-            partials[c, y, :] = 0
-            partials[channels + c, y, :] = 0
-            partials[2 * channels + c, y, :] = 0
-            row_sums[cy] = total
+            for x in range(np.uint64(0), np.uint64(length)):
+                partials[0, y, x] = partials[1, y, x] = partials[2, y, x] = 0
             continue
-        for x in range(np.uint64(0), np.uint64(width)):
-            mu_a, mu_b = blurred[c, y, x], blurred[channels + c, y, x]
-            e_aa, e_bb = blurred[2 * channels + c, y, x], blurred[3 * channels + c, y, x]
-            e_ab = blurred[4 * channels + c, y, x]
+        for x in range(np.uint64(0), np.uint64(length)):
+            mu_a, mu_b = blurred[0, y, x], blurred[1, y, x]
+            e_aa, e_bb, e_ab = blurred[2, y, x], blurred[3, y, x], blurred[4, y, x]
             num1 = 2 * mu_a * mu_b + c1
             num2 = 2 * (e_ab - mu_a * mu_b) + c2
             den1 = mu_a * mu_a + mu_b * mu_b + c1
@@ -122,38 +120,39 @@ def _ssim_value_and_grad(a, b, taps, c1, c2, row0, row1, n, grad_a):
             inv = 1 / (den1 * den2)
             s = num1 * num2 * inv
             total += s
-            partials[c, y, x] = (2 * mu_b * (num2 - num1) * inv
+            partials[0, y, x] = (2 * mu_b * (num2 - num1) * inv
                                  - 2 * mu_a * s * (1 / den1 - 1 / den2)) / n
-            partials[channels + c, y, x] = -s / den2 / n
-            partials[2 * channels + c, y, x] = 2 * num1 * inv / n
-        row_sums[cy] = total
+            partials[1, y, x] = -s / den2 / n
+            partials[2, y, x] = 2 * num1 * inv / n
+        row_sums[y] = total
     spread = np.empty_like(partials)
-    _blur_kernel(partials, taps, spread)
-    for cy in nb.prange(channels * height):
-        c, y = cy // height, cy % height
-        for x in range(np.uint64(0), np.uint64(width)):
-            grad_a[c, y, x] = (spread[c, y, x] + 2 * a[c, y, x] * spread[channels + c, y, x]
-                               + b[c, y, x] * spread[2 * channels + c, y, x])
+    _blur_kernel(partials, taps, step, spread)
+    for y in nb.prange(height):
+        for x in range(np.uint64(0), np.uint64(length)):
+            grad_a[y, x] = (spread[0, y, x] + 2 * a[y, x] * spread[1, y, x]
+                            + b[y, x] * spread[2, y, x])
     return row_sums.sum() / n
 
 
 class _CpuSsim(torch.autograd.Function):
     @staticmethod
     def forward(ctx, image: Tensor, target: Tensor, rows: tuple[int, int], count: int) -> Tensor:
-        a = image.detach().permute(2, 0, 1).contiguous()
-        b = target.detach().to(a.dtype).permute(2, 0, 1).contiguous()
+        height, width, channels = image.shape
+        a = image.detach().contiguous()
+        b = target.detach().to(a.dtype).contiguous()
         grad = torch.empty_like(a)
         scalar = a.numpy().dtype.type
-        value = _ssim_value_and_grad(a.numpy(), b.numpy(), gaussian_taps(a.dtype).numpy(),
-                                     scalar(C1), scalar(C2), rows[0], rows[1], scalar(count),
-                                     grad.numpy())
+        value = _ssim_value_and_grad(
+            a.numpy().reshape(height, width * channels), b.numpy().reshape(height, -1),
+            gaussian_taps(a.dtype).numpy(), channels, scalar(C1), scalar(C2), rows[0], rows[1],
+            scalar(count), grad.numpy().reshape(height, -1))
         ctx.save_for_backward(grad)
         return torch.tensor(value, dtype=a.dtype)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         (grad,) = ctx.saved_tensors
-        return (grad_output * grad).permute(1, 2, 0), None, None, None
+        return grad_output * grad, None, None, None
 
 
 def ssim(image: Tensor, target: Tensor, rows: tuple[int, int] | None = None,
