@@ -50,37 +50,38 @@ def ssim_map(image: Tensor, target: Tensor) -> Tensor:
     return (numerator / denominator).permute(1, 2, 0)
 
 
-@nb.njit(parallel=True, fastmath=True, cache=True)
-def _blur_kernel(images, taps, step, out):
-    """out = taps (x) taps * images, zero padded; images [P, H, L] are P planes of rows
-    of interleaved channels, whose neighbours along a row are ``step`` apart."""
-    planes, height, length = images.shape
-    radius = taps.shape[0] // 2
-    rows = np.empty_like(images)
+@nb.njit(fastmath=True, cache=True)
+def _blur_along(source, taps, step, out):  # pragma: no cover - compiled
+    """out = taps * source along a row, zero padded; neighbours are ``step`` apart."""
+    length, radius = source.shape[0], taps.shape[0] // 2
     # Unsigned indices keep numba's negative-index wraparound out of the loops, which
-    # LLVM then vectorises; no views of rows: each would cost an atomic reference count.
-    for py in nb.prange(planes * height):
-        p, y = py // height, py % height
-        for x in range(np.uint64(0), np.uint64(length)):
-            rows[p, y, x] = 0
-        for k in range(taps.shape[0]):
-            offset = (k - radius) * step
-            lo, hi = max(0, -offset), min(length, length - offset)
-            dst, src, tap = np.uint64(lo), np.uint64(lo + offset), taps[k]
-            for x in range(np.uint64(0), np.uint64(hi - lo)):
-                rows[p, y, dst + x] += tap * images[p, y, src + x]
-    for py in nb.prange(planes * height):
-        p, y = py // height, py % height
-        for x in range(np.uint64(0), np.uint64(length)):
-            out[p, y, x] = 0
-        for k in range(max(0, radius - y), min(taps.shape[0], height + radius - y)):
-            source, tap = y + k - radius, taps[k]
+    # LLVM then vectorises.
+    for x in range(np.uint64(0), np.uint64(length)):
+        out[x] = 0
+    for k in range(taps.shape[0]):
+        offset = (k - radius) * step
+        lo, hi = max(0, -offset), min(length, length - offset)
+        dst, src, tap = np.uint64(lo), np.uint64(lo + offset), taps[k]
+        for x in range(np.uint64(0), np.uint64(hi - lo)):
+            out[dst + x] += tap * source[src + x]
+
+
+@nb.njit(inline="always")
+def _blur_down(across, y, taps, out):  # pragma: no cover - compiled
+    """out[p] = taps * across[p] down the rows at row y, zero padded: a row's window."""
+    planes, height, length = across.shape
+    radius = taps.shape[0] // 2
+    out[:] = 0
+    for k in range(max(0, radius - y), min(taps.shape[0], height + radius - y)):
+        source, tap = y + k - radius, taps[k]
+        for p in range(planes):
             for x in range(np.uint64(0), np.uint64(length)):
-                out[p, y, x] += tap * rows[p, source, x]
+                out[p, x] += tap * across[p, source, x]
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
-def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n, grad_a):
+def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n,
+                         grad_a):  # pragma: no cover - compiled
     """SSIM of images a, b [H, W C] (channels interleaved, ``step`` = C) summed over
     rows [row0, row1) and divided by n, and its gradient w.r.t. a (into grad_a). The
     mean is rows (0, H), n = C H W.
@@ -88,49 +89,50 @@ def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n, grad_a):
     With mu = G*a, E_aa = G*(a a), E_ab = G*(a b) (G the window) the map is
     S = (2 mu_a mu_b + c1)(2 (E_ab - mu_a mu_b) + c2) / (D1 D2), and
     d mean(S) / da = G*(dS/dmu_a) + 2 a G*(dS/dE_aa) + b G*(dS/dE_ab), all over
-    the element count: five blurred planes forward, three backward.
+    the element count: five blurred planes forward, three backward. Each blur
+    runs along the rows into a full plane, then down them one output row at a
+    time, straight into what needs that row: only the row's window is kept.
     """
     height, length = a.shape
-    planes = np.empty((5, height, length), a.dtype)
+    across = np.empty((5, height, length), a.dtype)
     for y in nb.prange(height):
+        products = np.empty((5, length), a.dtype)
         for x in range(np.uint64(0), np.uint64(length)):
             va, vb = a[y, x], b[y, x]
-            planes[0, y, x] = va
-            planes[1, y, x] = vb
-            planes[2, y, x] = va * va
-            planes[3, y, x] = vb * vb
-            planes[4, y, x] = va * vb
-    blurred = np.empty_like(planes)
-    _blur_kernel(planes, taps, step, blurred)
-    partials = np.empty((3, height, length), a.dtype)
+            products[0, x], products[1, x] = va, vb
+            products[2, x], products[3, x], products[4, x] = va * va, vb * vb, va * vb
+        for p in range(5):
+            _blur_along(products[p], taps, step, across[p, y])
+    partials_across = np.empty((3, height, length), a.dtype)
     row_sums = np.zeros(height, a.dtype)
     for y in nb.prange(height):
+        partials = np.zeros((3, length), a.dtype)
         total = a.dtype.type(0)
-        if y < row0 or y >= row1:  # a halo row: it feeds the blur, but is not counted
+        if row0 <= y < row1:  # else a halo row: it feeds the blur, but is not counted
+            blurred = np.empty((5, length), a.dtype)
+            _blur_down(across, y, taps, blurred)
             for x in range(np.uint64(0), np.uint64(length)):
-                partials[0, y, x] = partials[1, y, x] = partials[2, y, x] = 0
-            continue
-        for x in range(np.uint64(0), np.uint64(length)):
-            mu_a, mu_b = blurred[0, y, x], blurred[1, y, x]
-            e_aa, e_bb, e_ab = blurred[2, y, x], blurred[3, y, x], blurred[4, y, x]
-            num1 = 2 * mu_a * mu_b + c1
-            num2 = 2 * (e_ab - mu_a * mu_b) + c2
-            den1 = mu_a * mu_a + mu_b * mu_b + c1
-            den2 = e_aa - mu_a * mu_a + e_bb - mu_b * mu_b + c2
-            inv = 1 / (den1 * den2)
-            s = num1 * num2 * inv
-            total += s
-            partials[0, y, x] = (2 * mu_b * (num2 - num1) * inv
-                                 - 2 * mu_a * s * (1 / den1 - 1 / den2)) / n
-            partials[1, y, x] = -s / den2 / n
-            partials[2, y, x] = 2 * num1 * inv / n
+                mu_a, mu_b = blurred[0, x], blurred[1, x]
+                e_aa, e_bb, e_ab = blurred[2, x], blurred[3, x], blurred[4, x]
+                num1 = 2 * mu_a * mu_b + c1
+                num2 = 2 * (e_ab - mu_a * mu_b) + c2
+                den1 = mu_a * mu_a + mu_b * mu_b + c1
+                den2 = e_aa - mu_a * mu_a + e_bb - mu_b * mu_b + c2
+                inv = 1 / (den1 * den2)
+                s = num1 * num2 * inv
+                total += s
+                partials[0, x] = (2 * mu_b * (num2 - num1) * inv
+                                  - 2 * mu_a * s * (1 / den1 - 1 / den2)) / n
+                partials[1, x] = -s / den2 / n
+                partials[2, x] = 2 * num1 * inv / n
         row_sums[y] = total
-    spread = np.empty_like(partials)
-    _blur_kernel(partials, taps, step, spread)
+        for p in range(3):
+            _blur_along(partials[p], taps, step, partials_across[p, y])
     for y in nb.prange(height):
+        spread = np.empty((3, length), a.dtype)
+        _blur_down(partials_across, y, taps, spread)
         for x in range(np.uint64(0), np.uint64(length)):
-            grad_a[y, x] = (spread[0, y, x] + 2 * a[y, x] * spread[1, y, x]
-                            + b[y, x] * spread[2, y, x])
+            grad_a[y, x] = spread[0, x] + 2 * a[y, x] * spread[1, x] + b[y, x] * spread[2, x]
     return row_sums.sum() / n
 
 
