@@ -180,7 +180,8 @@ def pack(splat_ids, offsets, tile_order, tiles_x, tile_row0, means2d, conics, op
             out[k, CONIC_C], out[k, OPACITY], out[k, DEPTH] = conics[g, 2], opacities[g], depths[g]
             out[k, RED], out[k, GREEN], out[k, BLUE] = colors[g, 0], colors[g, 1], colors[g, 2]
             out[k, SIGMA_MAX] = sigma_max[g]
-        for k in range(offsets[t], offsets[t + 1]):  # apart from the gathers: faster
+        # The masks in a loop of their own: measured faster than between the gathers.
+        for k in range(offsets[t], offsets[t + 1]):
             out[k, BLOCKS_REACHED] = _blocks_reached(k, out, tile_x, tile_y)
 
 

@@ -1,11 +1,12 @@
 """Adam's update, row by row, as numba kernels (in the arrays' own precision).
 
 ``adam_step`` is the dense step every engine takes: every element of a
-parameter group, one step, in place. ``adam_replay`` brings chosen rows forward over several steps, the last
-one with a gradient and the others without, and writes them elsewhere (the
-offload engine's deferred rows). Both run the same per-element code,
-``_moved``, so a row replayed later rounds exactly as it would have rounded
-stepped at once: the engines agree bit for bit, in float32 too.
+parameter group, one step, in place. ``adam_replay`` brings chosen rows forward
+over several steps, the last one with a gradient and the others without, and
+writes them elsewhere (the offload engine's deferred rows). Both run the same
+per-element code, ``_moved``, so a row replayed later rounds exactly as it
+would have rounded stepped at once: the engines agree bit for bit, in float32
+too.
 
 One step, with ``scale = -lr / (1 - beta1^t)`` and ``root_bias2 = sqrt(1 - beta2^t)``
 (``torch.optim.Adam``'s formula)::

@@ -5,8 +5,9 @@ On the CPU, ``ssim`` instead runs a fused numba kernel that returns the mean
 and its gradient in one go: torch's depthwise convolutions and the many
 full-image elementwise passes around them are memory-bound and several times
 slower there. The kernel reads the [h, W, 3] images as they are, rows of
-interleaved channels, so neither they nor the gradient are transposed. The window is symmetric, so the blur is self-adjoint and the
-gradient needs only blurs of per-pixel partial derivatives.
+interleaved channels, so neither they nor the gradient are transposed. The
+window is symmetric, so the blur is self-adjoint and the gradient needs only
+blurs of per-pixel partial derivatives.
 """
 
 from __future__ import annotations
