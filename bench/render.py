@@ -34,7 +34,7 @@ def time_view(model, camera) -> tuple[float, float, int]:
     loss.backward()
     end = time.perf_counter()
     bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, camera.width,
-                     (0, camera.height))
+                     (0, camera.height), splats.conics, splats.opacities)  # as rasterize bins
     for tensor in model.parameters().values():
         tensor.grad = None
     return (middle - start) * 1e3, (end - middle) * 1e3, int(bins.offsets[-1])

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 
 from splatscale.render import cpu_kernels
 from splatscale.render.binning import bin_tiles
 from splatscale.render.cpu_kernels import BLOCK_H, BLOCK_W, BLOCKS_X
-from splatscale.render.rasterize import _kernel_inputs
 
 WIDTH, HEIGHT, TILE = 90, 70, 16
 
@@ -91,11 +89,8 @@ def test_blocks_reached_hold_every_block_a_splat_reaches_and_few_more(dtype):
     needed = reached_cells(reached, BLOCK_W, BLOCK_H)
     n = len(means2d)
     bins = bin_tiles(means2d, radii, torch.arange(1.0, n + 1), torch.arange(n), WIDTH,
-                     (0, HEIGHT))
-    zeros = torch.zeros(n, dtype=dtype)
-    packed = _kernel_inputs(means2d, conics, torch.zeros(n, 3, dtype=dtype), zeros, opacities,
-                            torch.zeros(3, dtype=dtype), bins, WIDTH, (0, HEIGHT))[0]
-    masks = torch.from_numpy(packed[:, cpu_kernels.BLOCKS_REACHED].astype(np.int64))
+                     (0, HEIGHT), conics, opacities)
+    masks = bins.blocks
     tile_of = torch.repeat_interleave(torch.arange(len(bins.offsets) - 1), bins.offsets.diff())
     let_in = torch.zeros_like(needed)
     for block in range(cpu_kernels.BLOCKS):

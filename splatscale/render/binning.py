@@ -12,8 +12,10 @@ import torch
 from torch import Tensor
 
 from splatscale.render.conventions import ALPHA_MIN, TILE_SIZE
-from splatscale.render.cpu_kernels import boundary_at, reach_ellipse, strip_span
+from splatscale.render.cpu_kernels import BLOCK_H, BLOCK_W, BLOCKS_X
 from splatscale.render.projection_kernels import CHUNK
+
+BLOCK_ROWS = TILE_SIZE // BLOCK_H  # rows of blocks in a row of tiles
 
 
 @dataclass
@@ -23,10 +25,12 @@ class TileBins:
     The band covers tile rows ``[tile_row0, tile_row0 + tile_rows)`` of the
     image's fixed tile grid, so each tile sees exactly the splats, in exactly
     the order, that a full render gives it. ``splat_ids[offsets[t]:offsets[t+1]]``
-    are the splats of band tile t (row-major), nearest first.
+    are the splats of band tile t (row-major), nearest first; ``blocks[k]`` has bit i
+    set where splat_ids[k] may reach block i of its tile (``cpu_kernels``' 8x4 blocks).
     """
 
     splat_ids: Tensor   # [I] int64
+    blocks: Tensor      # [I] uint8
     offsets: Tensor     # [tiles + 1] int64
     tiles_x: int
     tile_row0: int
@@ -50,7 +54,8 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
     are ordered by ``keys``, which travel with the Gaussians, so the order does not
     depend on where they are stored. A splat goes to the tiles its box meets; with
     ``conics`` and ``opacities``, only to those where its alpha can reach 1/255
-    (a rotated ellipse misses some tiles of its box, and in them changes nothing).
+    (a rotated ellipse misses some tiles of its box, and in them changes nothing),
+    and only to the blocks of a tile it can reach (else to all of them).
     """
     y0, y1 = rows
     tiles_x = -(-width // TILE_SIZE)
@@ -70,20 +75,23 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
         order = by_key.index_select(0, torch.argsort(depth_bits.index_select(0, by_key),
                                                      stable=True))
         boxes = torch.stack([x_lo, x_hi, y_lo, y_hi], dim=1).index_select(0, order).numpy()
-        # Each splat's tiles, row by row of its box: a span of columns per row.
+        # Each splat's tiles, row by row of its box: a span of columns per row, and in each
+        # of the row's rows of blocks the span of block columns (image-wide, inclusive).
         row_starts = np.zeros(len(order) + 1, np.int64)
         np.cumsum(boxes[:, 3] - boxes[:, 2], out=row_starts[1:])
         spans = np.empty((row_starts[-1], 2), np.int32)
+        block_spans = np.empty((row_starts[-1], BLOCK_ROWS, 2), np.int32)
         if conics is None:
-            _box_spans(boxes, row_starts, spans)
+            _box_spans(boxes, row_starts, spans, block_spans)
         else:
             _ellipse_spans(order.numpy(), boxes, means2d.detach().contiguous().numpy(),
                            conics.detach().contiguous().numpy(),
-                           sigma_max(opacities.detach()).numpy(), row_starts, spans)
-        splat_ids, offsets = _fill_tiles(order.numpy(), boxes, row_starts, spans, tiles_x,
-                                         tile_row0, n_tiles, numba.get_num_threads())
-    return TileBins(torch.from_numpy(splat_ids), torch.from_numpy(offsets), tiles_x, tile_row0,
-                    tile_row1 - tile_row0)
+                           sigma_max(opacities.detach()).numpy(), row_starts, spans, block_spans)
+        splat_ids, blocks, offsets = _fill_tiles(order.numpy(), boxes, row_starts, spans,
+                                                 block_spans, tiles_x, tile_row0, n_tiles,
+                                                 numba.get_num_threads())
+    return TileBins(torch.from_numpy(splat_ids), torch.from_numpy(blocks),
+                    torch.from_numpy(offsets), tiles_x, tile_row0, tile_row1 - tile_row0)
 
 
 def sigma_max(opacities: Tensor) -> Tensor:
@@ -91,48 +99,106 @@ def sigma_max(opacities: Tensor) -> Tensor:
     return torch.log(opacities.to(torch.float64).clamp_min(ALPHA_MIN) / ALPHA_MIN)
 
 
+@numba.njit(inline="always")
+def reach_ellipse(a, b, c, sigma_max):
+    """The ellipse {u : 0.5 (a u_x^2 + c u_y^2) + b u_x u_y <= limit} (u = pixel centre
+    - mean) outside which a splat of conic (a, b, c) stays below alpha 1/255: ``limit``
+    is ``sigma_max`` = ln(255 opacity) with a margin far above float32 rounding.
+
+    Returns (limit, det = ac - b^2, half-width, half-height); det <= 0 (a conic
+    rounded to singular) bounds nothing. In float64.
+    """
+    det = a * c - b * b
+    if not det > 0.0:
+        return sigma_max, det, np.inf, np.inf
+    inv_det = 1.0 / det
+    reach = max(sigma_max, 0.0)
+    ex, ey = math.sqrt(2.0 * reach * c * inv_det), math.sqrt(2.0 * reach * a * inv_det)
+    # float32 rounds sigma relative to its terms, at most these inside the ellipse.
+    limit = max(sigma_max + 0.01 + 1e-5 * (a * ex * ex + 2.0 * abs(b) * ex * ey + c * ey * ey),
+                0.0)
+    return limit, det, math.sqrt(2.0 * limit * c * inv_det), math.sqrt(2.0 * limit * a * inv_det)
+
+
+@numba.njit(inline="always")
+def boundary_at(a, b, limit, det, ey, v):
+    """(left, right): u_x on the boundary of the ellipse (``reach_ellipse``) at u_y = v,
+    v clamped into the ellipse's height."""
+    v = min(max(v, -ey), ey)
+    root = math.sqrt(max(2.0 * a * limit - det * v * v, 0.0))
+    inv_a = 1.0 / a
+    return (-b * v - root) * inv_a, (-b * v + root) * inv_a
+
+
+@numba.njit(inline="always")
+def strip_span(b, c, det, ex, ey, v0, v1, at_v0, at_v1):
+    """The x-extent (lo, hi), relative to the mean, of the ellipse (``reach_ellipse``)
+    within the strip v0 <= u_y <= v1, given ``boundary_at`` v0 and v1; (inf, -inf)
+    when they do not meet.
+
+    The boundary's left half is convex in u_y and its right half concave, so each
+    extreme over the strip is the ellipse's own (at u_y = +-b ex / c) when the strip
+    holds it, else at an end of the strip.
+    """
+    if not det > 0.0:
+        return -np.inf, np.inf
+    if v0 > ey or v1 < -ey:
+        return np.inf, -np.inf
+    turn = b * ex / c
+    lo = -ex if v0 <= turn <= v1 else min(at_v0[0], at_v1[0])
+    hi = ex if v0 <= -turn <= v1 else max(at_v0[1], at_v1[1])
+    return lo, hi
+
+
 @numba.njit(cache=True)
-def _box_spans(boxes, row_starts, spans):  # pragma: no cover - compiled
-    """Every tile of each box."""
+def _box_spans(boxes, row_starts, spans, block_spans):  # pragma: no cover - compiled
+    """Every tile of each box, every block of its tiles."""
     for i in range(boxes.shape[0]):
         for j in range(row_starts[i], row_starts[i + 1]):
             spans[j, 0], spans[j, 1] = boxes[i, 0], boxes[i, 1]
+            block_spans[j, :, 0] = boxes[i, 0] * BLOCKS_X
+            block_spans[j, :, 1] = boxes[i, 1] * BLOCKS_X - 1
 
 
 @numba.njit(cache=True)
-def _ellipse_spans_of(lo, hi, order, boxes, means2d, conics, sigma_max, row_starts,
-                      spans):  # pragma: no cover - compiled
-    """Splats [lo, hi): in each tile row of the box, the tiles with a pixel centre in
-    the splat's ``reach_ellipse`` (a span, as a row cuts the ellipse in one piece)."""
+def _ellipse_spans_of(lo, hi, order, boxes, means2d, conics, sigma_max, row_starts, spans,
+                      block_spans):  # pragma: no cover - compiled
+    """Splats [lo, hi): in each row of blocks of the box, the block columns with a pixel
+    centre in the splat's ``reach_ellipse`` (a span, as a row cuts the ellipse in one
+    piece), and in each tile row the tiles that hold them."""
     for i in range(lo, hi):
         g = order[i]
         mx, my = np.float64(means2d[g, 0]), np.float64(means2d[g, 1])
         a, b, c = np.float64(conics[g, 0]), np.float64(conics[g, 1]), np.float64(conics[g, 2])
         limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max[g])
-        x_lo, x_hi = boxes[i, 0], boxes[i, 1]
-        v = boxes[i, 2] * TILE_SIZE - my  # the top of a row of tiles, relative to the mean
+        column_lo, column_hi = boxes[i, 0] * BLOCKS_X, boxes[i, 1] * BLOCKS_X
+        v = boxes[i, 2] * TILE_SIZE - my  # the top of a row of blocks, relative to the mean
         at_top = boundary_at(a, b, limit, det, ey, v)
         for j in range(row_starts[i], row_starts[i + 1]):
-            at_bottom = boundary_at(a, b, limit, det, ey, v + TILE_SIZE)
-            left, right = strip_span(b, c, det, ex, ey, v, v + TILE_SIZE, at_top, at_bottom)
-            v, at_top = v + TILE_SIZE, at_bottom
-            if left > right:
-                spans[j, 0], spans[j, 1] = 0, 0
-                continue
-            # Tile tx's pixel centres: tx TILE_SIZE + 0.5 to (tx + 1) TILE_SIZE - 0.5.
-            first = (mx + left - (TILE_SIZE - 0.5)) / TILE_SIZE
-            last = (mx + right - 0.5) / TILE_SIZE
-            spans[j, 0] = max(x_lo, int(math.ceil(min(first, x_hi))))
-            spans[j, 1] = max(spans[j, 0], min(x_hi, int(math.floor(max(last, x_lo - 1))) + 1))
+            first_tile, last_tile = boxes[i, 1], boxes[i, 0] - 1
+            for r in range(BLOCK_ROWS):
+                at_bottom = boundary_at(a, b, limit, det, ey, v + BLOCK_H)
+                left, right = strip_span(b, c, det, ex, ey, v, v + BLOCK_H, at_top, at_bottom)
+                v, at_top = v + BLOCK_H, at_bottom
+                # Block column n's pixel centres: n BLOCK_W + 0.5 to (n + 1) BLOCK_W - 0.5.
+                first = (mx + left - (BLOCK_W - 0.5)) / BLOCK_W
+                last = (mx + right - 0.5) / BLOCK_W
+                first = int(math.ceil(min(max(first, column_lo), column_hi)))
+                last = int(math.floor(max(min(last, column_hi - 1), column_lo - 1)))
+                block_spans[j, r, 0], block_spans[j, r, 1] = first, last
+                if first <= last:
+                    first_tile = min(first_tile, first // BLOCKS_X)
+                    last_tile = max(last_tile, last // BLOCKS_X)
+            spans[j, 0], spans[j, 1] = first_tile, max(first_tile, last_tile + 1)
 
 
 @numba.njit(parallel=True, cache=True)
-def _ellipse_spans(order, boxes, means2d, conics, sigma_max, row_starts,
-                   spans):  # pragma: no cover - compiled
+def _ellipse_spans(order, boxes, means2d, conics, sigma_max, row_starts, spans,
+                   block_spans):  # pragma: no cover - compiled
     count = order.shape[0]
     for chunk in numba.prange((count + CHUNK - 1) // CHUNK):
         _ellipse_spans_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), order, boxes, means2d,
-                          conics, sigma_max, row_starts, spans)
+                          conics, sigma_max, row_starts, spans, block_spans)
 
 
 @numba.njit(cache=True)
@@ -147,22 +213,30 @@ def _count_tiles(lo, hi, boxes, row_starts, spans, tiles_x, tile_row0,
 
 
 @numba.njit(cache=True)
-def _place_splats(lo, hi, order, boxes, row_starts, spans, tiles_x, tile_row0, cursor,
-                  splat_ids):  # pragma: no cover - compiled
-    """Splats order[lo:hi] into their tiles, each tile's from ``cursor`` on."""
+def _place_splats(lo, hi, order, boxes, row_starts, spans, block_spans, tiles_x, tile_row0,
+                  cursor, splat_ids, blocks):  # pragma: no cover - compiled
+    """Splats order[lo:hi] into their tiles, each tile's from ``cursor`` on, with the
+    blocks of the tile each reaches."""
     for i in range(lo, hi):
         for j in range(row_starts[i], row_starts[i + 1]):
             row = (boxes[i, 2] + j - row_starts[i] - tile_row0) * tiles_x
             for tx in range(spans[j, 0], spans[j, 1]):
                 splat_ids[cursor[row + tx]] = order[i]
+                mask = 0
+                for r in range(BLOCK_ROWS):
+                    for column in range(BLOCKS_X):
+                        n = tx * BLOCKS_X + column
+                        inside = block_spans[j, r, 0] <= n <= block_spans[j, r, 1]
+                        mask |= (1 << (r * BLOCKS_X + column)) if inside else 0
+                blocks[cursor[row + tx]] = mask
                 cursor[row + tx] += 1
 
 
 @numba.njit(parallel=True, cache=True)
-def _fill_tiles(order, boxes, row_starts, spans, tiles_x, tile_row0, n_tiles,
+def _fill_tiles(order, boxes, row_starts, spans, block_spans, tiles_x, tile_row0, n_tiles,
                 parts):  # pragma: no cover - compiled
-    """Each tile's splats in ``order``: the splat ids tile after tile, and where each
-    tile's start (a counting sort). Splat order[i] covers, in tile row boxes[i, 2] + r,
+    """Each tile's splats in ``order``: the splat ids tile after tile, the blocks each
+    reaches, and where each tile's start (a counting sort). Splat order[i] covers, in tile row boxes[i, 2] + r,
     the columns [spans[row_starts[i] + r, 0], spans[row_starts[i] + r, 1]).
 
     ``parts`` consecutive runs of splats (of about equal rows) are counted and placed
@@ -182,7 +256,8 @@ def _fill_tiles(order, boxes, row_starts, spans, tiles_x, tile_row0, n_tiles,
     for part in range(1, parts):
         cursors[part] = cursors[part - 1] + counts[part - 1]
     splat_ids = np.empty(offsets[-1], np.int64)
+    blocks = np.empty(offsets[-1], np.uint8)
     for part in numba.prange(parts):
-        _place_splats(bounds[part], bounds[part + 1], order, boxes, row_starts, spans, tiles_x,
-                      tile_row0, cursors[part], splat_ids)
-    return splat_ids, offsets
+        _place_splats(bounds[part], bounds[part + 1], order, boxes, row_starts, spans,
+                      block_spans, tiles_x, tile_row0, cursors[part], splat_ids, blocks)
+    return splat_ids, blocks, offsets

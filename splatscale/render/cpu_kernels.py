@@ -5,8 +5,8 @@ its depth-sorted splats is outside and the pixels are inside, so LLVM
 vectorises the pixel loop; every per-pixel decision is a select, not a branch.
 A tile's pixels are stored as eight blocks of 8x4 (32 consecutive values, one
 vectorised loop each), and a splat is evaluated only on the blocks where its
-alpha can reach 1/255 (``reach_ellipse``): elsewhere it changes no pixel and
-no gradient. The kernels composite exactly four channels, RGB and depth,
+alpha can reach 1/255 (binning's bit masks, ``TileBins.blocks``): elsewhere it
+changes no pixel and no gradient. The kernels composite exactly four channels, RGB and depth,
 fused into the pixel loop rather than looped over.
 The backward pass writes one gradient row per intersection; rows are summed per
 splat afterwards in a fixed order, so results never depend on thread timing.
@@ -41,8 +41,8 @@ GRAD_WIDTH = 10
 # The kernels read the splats through ``pack``: one row per intersection, in
 # intersection order (tile by tile, nearest first), so a tile reads consecutive
 # rows; read through the splat ids, every intersection would be a cache miss.
-(MEAN_X, MEAN_Y, CONIC_A, CONIC_B, CONIC_C, OPACITY, RED, GREEN, BLUE, DEPTH, SIGMA_MAX,
- BLOCKS_REACHED) = range(12)
+(MEAN_X, MEAN_Y, CONIC_A, CONIC_B, CONIC_C, OPACITY, RED, GREEN, BLUE, DEPTH,
+ BLOCKS_REACHED) = range(11)
 PACKED_WIDTH = 16  # 64 bytes in float32: one cache line
 
 
@@ -119,97 +119,20 @@ def _tile_xy(p):
     return (block % BLOCKS_X) * BLOCK_W + q % BLOCK_W, (block // BLOCKS_X) * BLOCK_H + q // BLOCK_W
 
 
-@nb.njit(inline="always")
-def reach_ellipse(a, b, c, sigma_max):
-    """The ellipse {u : 0.5 (a u_x^2 + c u_y^2) + b u_x u_y <= limit} (u = pixel centre
-    - mean) outside which a splat of conic (a, b, c) stays below alpha 1/255: ``limit``
-    is ``sigma_max`` = ln(255 opacity) with a margin far above float32 rounding.
-
-    Returns (limit, det = ac - b^2, half-width, half-height); det <= 0 (a conic
-    rounded to singular) bounds nothing. In float64.
-    """
-    det = a * c - b * b
-    if not det > 0.0:
-        return sigma_max, det, np.inf, np.inf
-    inv_det = 1.0 / det
-    reach = max(sigma_max, 0.0)
-    ex, ey = math.sqrt(2.0 * reach * c * inv_det), math.sqrt(2.0 * reach * a * inv_det)
-    # float32 rounds sigma relative to its terms, at most these inside the ellipse.
-    limit = max(sigma_max + 0.01 + 1e-5 * (a * ex * ex + 2.0 * abs(b) * ex * ey + c * ey * ey),
-                0.0)
-    return limit, det, math.sqrt(2.0 * limit * c * inv_det), math.sqrt(2.0 * limit * a * inv_det)
-
-
-@nb.njit(inline="always")
-def boundary_at(a, b, limit, det, ey, v):
-    """(left, right): u_x on the boundary of the ellipse (``reach_ellipse``) at u_y = v,
-    v clamped into the ellipse's height."""
-    v = min(max(v, -ey), ey)
-    root = math.sqrt(max(2.0 * a * limit - det * v * v, 0.0))
-    inv_a = 1.0 / a
-    return (-b * v - root) * inv_a, (-b * v + root) * inv_a
-
-
-@nb.njit(inline="always")
-def strip_span(b, c, det, ex, ey, v0, v1, at_v0, at_v1):
-    """The x-extent (lo, hi), relative to the mean, of the ellipse (``reach_ellipse``)
-    within the strip v0 <= u_y <= v1, given ``boundary_at`` v0 and v1; (inf, -inf)
-    when they do not meet.
-
-    The boundary's left half is convex in u_y and its right half concave, so each
-    extreme over the strip is the ellipse's own (at u_y = +-b ex / c) when the strip
-    holds it, else at an end of the strip.
-    """
-    if not det > 0.0:
-        return -np.inf, np.inf
-    if v0 > ey or v1 < -ey:
-        return np.inf, -np.inf
-    turn = b * ex / c
-    lo = -ex if v0 <= turn <= v1 else min(at_v0[0], at_v1[0])
-    hi = ex if v0 <= -turn <= v1 else max(at_v0[1], at_v1[1])
-    return lo, hi
-
-
 @nb.njit(parallel=True, cache=True)
-def pack(splat_ids, offsets, tile_order, tiles_x, tile_row0, means2d, conics, opacities, colors,
-         depths, sigma_max, out):  # pragma: no cover - compiled
+def pack(splat_ids, blocks, offsets, tile_order, means2d, conics, opacities, colors, depths,
+         out):  # pragma: no cover - compiled
     """out[k]: the values of splat splat_ids[k] the kernels read (the layout above), and
-    the blocks of its tile it can reach (a bit mask, once for both kernels)."""
+    ``blocks[k]``, the blocks of its tile it can reach (binning's bit mask)."""
     for i in nb.prange(tile_order.shape[0]):
         t = tile_order[i]
-        tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
         for k in range(offsets[t], offsets[t + 1]):
             g = splat_ids[k]
             out[k, MEAN_X], out[k, MEAN_Y] = means2d[g, 0], means2d[g, 1]
             out[k, CONIC_A], out[k, CONIC_B] = conics[g, 0], conics[g, 1]
             out[k, CONIC_C], out[k, OPACITY], out[k, DEPTH] = conics[g, 2], opacities[g], depths[g]
             out[k, RED], out[k, GREEN], out[k, BLUE] = colors[g, 0], colors[g, 1], colors[g, 2]
-            out[k, SIGMA_MAX] = sigma_max[g]
-        # The masks in a loop of their own: measured faster than between the gathers.
-        for k in range(offsets[t], offsets[t + 1]):
-            out[k, BLOCKS_REACHED] = _blocks_reached(k, out, tile_x, tile_y)
-
-
-@nb.njit(inline="always")
-def _blocks_reached(k, packed, tile_x, tile_y):
-    """Bit i set: intersection k's splat may reach block i of the tile (a pixel centre
-    of it lies in its ``reach_ellipse``)."""
-    mx, my = np.float64(packed[k, MEAN_X]), np.float64(packed[k, MEAN_Y])
-    a, b = np.float64(packed[k, CONIC_A]), np.float64(packed[k, CONIC_B])
-    c = np.float64(packed[k, CONIC_C])
-    limit, det, ex, ey = reach_ellipse(a, b, c, np.float64(packed[k, SIGMA_MAX]))
-    mask = 0
-    v = tile_y * TILE - my  # the top of a row of blocks, relative to the mean
-    at_top = boundary_at(a, b, limit, det, ey, v)
-    for row in range(BLOCKS // BLOCKS_X):
-        at_bottom = boundary_at(a, b, limit, det, ey, v + BLOCK_H)
-        lo, hi = strip_span(b, c, det, ex, ey, v, v + BLOCK_H, at_top, at_bottom)
-        for column in range(BLOCKS_X):
-            x0 = tile_x * TILE + column * BLOCK_W - mx  # relative to the mean
-            meets = lo <= x0 + BLOCK_W - 0.5 and hi >= x0 + 0.5
-            mask |= (1 << (row * BLOCKS_X + column)) if meets else 0
-        v, at_top = v + BLOCK_H, at_bottom
-    return mask
+            out[k, BLOCKS_REACHED] = blocks[k]
 
 
 @nb.njit(inline="always")

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from splatscale.render import cpu_kernels, cuda_backend
-from splatscale.render.binning import TileBins, bin_tiles, sigma_max
+from splatscale.render.binning import TileBins, bin_tiles
 from splatscale.render.backend import Backend, backend_for
 from splatscale.render.splats import Splats
 
@@ -57,9 +57,9 @@ def _kernel_inputs(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tens
     # From torch, not numpy, so that torch's profiler counts it (bench/memory.py).
     packed = torch.empty((len(splat_ids), cpu_kernels.PACKED_WIDTH), dtype=opacities.dtype)
     tile_order = balanced_tile_order(np.diff(offsets), numba.get_num_threads())
-    cpu_kernels.pack(splat_ids, offsets, tile_order, bins.tiles_x, bins.tile_row0,
-                     _numpy(means2d), _numpy(conics), _numpy(opacities), _numpy(colors),
-                     _numpy(depths), sigma_max(opacities.detach()).numpy(), packed.numpy())
+    cpu_kernels.pack(splat_ids, _numpy(bins.blocks), offsets, tile_order, _numpy(means2d),
+                     _numpy(conics), _numpy(opacities), _numpy(colors), _numpy(depths),
+                     packed.numpy())
     return [packed.numpy(), _numpy(background), offsets, tile_order, bins.tiles_x,
             bins.tile_row0, width, rows[0], rows[1]]
 
