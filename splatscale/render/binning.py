@@ -68,12 +68,12 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
         y_hi = hi[:, 1].clamp(tile_row0, tile_row1)
         x_hi[(radii <= 0).any(dim=-1)] = 0  # an empty box: no tile
         # Nearest first, equal depths by key. Positive floats order like their bit
-        # patterns, and integer sorts are faster.
+        # patterns, and integer sorts are faster. Ties are rare: they are ordered after
+        # the sort, not by a sort of every key first (which took twice the depth sort).
         depth_bits = depths.detach().view(torch.int32 if depths.dtype == torch.float32
                                           else torch.int64)
-        by_key = torch.argsort(keys, stable=True)
-        order = by_key.index_select(0, torch.argsort(depth_bits.index_select(0, by_key),
-                                                     stable=True))
+        order = torch.argsort(depth_bits, stable=True)
+        _order_ties_by_key(depth_bits.numpy(), keys.contiguous().numpy(), order.numpy())
         boxes = torch.stack([x_lo, x_hi, y_lo, y_hi], dim=1).index_select(0, order).numpy()
         # Each splat's tiles, row by row of its box: a span of columns per row, and in each
         # of the row's rows of blocks the span of block columns (image-wide, inclusive).
@@ -97,6 +97,19 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
 def sigma_max(opacities: Tensor) -> Tensor:
     """The largest sigma at which a splat's alpha still reaches 1/255: ln(255 opacity)."""
     return torch.log(opacities.to(torch.float64).clamp_min(ALPHA_MIN) / ALPHA_MIN)
+
+
+@numba.njit(cache=True)
+def _order_ties_by_key(depth_bits, keys, order):  # pragma: no cover - compiled
+    """Order each run of equal depths in ``order`` (sorted stably by depth) by key,
+    stably: ``order`` becomes the sort by (depth, key, storage position)."""
+    start = 0
+    for i in range(1, order.shape[0] + 1):
+        if i == order.shape[0] or depth_bits[order[i]] != depth_bits[order[start]]:
+            if i - start > 1:
+                run = order[start:i].copy()
+                order[start:i] = run[np.argsort(keys[run], kind="mergesort")]
+            start = i
 
 
 @numba.njit(inline="always")
