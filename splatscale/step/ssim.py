@@ -52,32 +52,34 @@ def ssim_map(image: Tensor, target: Tensor) -> Tensor:
 
 
 @nb.njit(fastmath=True, cache=True)
-def _blur_along(source, taps, step, out):  # pragma: no cover - compiled
-    """out = taps * source along a row, zero padded; neighbours are ``step`` apart."""
-    length, radius = source.shape[0], taps.shape[0] // 2
-    # Unsigned indices keep numba's negative-index wraparound out of the loops, which
-    # LLVM then vectorises.
+def _blur_along(source, taps, step, padded, out):  # pragma: no cover - compiled
+    """out = taps * source along a row, zero padded; neighbours are ``step`` apart.
+    ``padded`` is scratch of RADIUS * step more values on each side."""
+    length, margin = source.shape[0], RADIUS * step
+    padded[:margin] = 0
+    padded[margin + length:] = 0
+    padded[margin:margin + length] = source
+    # Each output sums its window in a register (WINDOW is a constant, so the tap loop
+    # unrolls and the pixel loop vectorises); unsigned indices keep numba's
+    # negative-index wraparound out of the loop.
     for x in range(np.uint64(0), np.uint64(length)):
-        out[x] = 0
-    for k in range(taps.shape[0]):
-        offset = (k - radius) * step
-        lo, hi = max(0, -offset), min(length, length - offset)
-        dst, src, tap = np.uint64(lo), np.uint64(lo + offset), taps[k]
-        for x in range(np.uint64(0), np.uint64(hi - lo)):
-            out[dst + x] += tap * source[src + x]
+        total = taps[0] * padded[x]
+        for k in range(1, WINDOW):
+            total += taps[k] * padded[x + np.uint64(k * step)]
+        out[x] = total
 
 
 @nb.njit(inline="always")
 def _blur_down(across, y, taps, out):  # pragma: no cover - compiled
-    """out[p] = taps * across[p] down the rows at row y, zero padded: a row's window."""
-    planes, height, length = across.shape
-    radius = taps.shape[0] // 2
-    out[:] = 0
-    for k in range(max(0, radius - y), min(taps.shape[0], height + radius - y)):
-        source, tap = y + k - radius, taps[k]
-        for p in range(planes):
-            for x in range(np.uint64(0), np.uint64(length)):
-                out[p, x] += tap * across[p, source, x]
+    """out[p] = taps * across[p] down the rows at row y of planes padded with RADIUS
+    zero rows above and below: a row's window."""
+    planes, _, length = across.shape
+    for p in range(planes):
+        for x in range(np.uint64(0), np.uint64(length)):
+            total = taps[0] * across[p, y, x]
+            for k in range(1, WINDOW):
+                total += taps[k] * across[p, y + k, x]
+            out[p, x] = total
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
@@ -91,23 +93,31 @@ def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n,
     S = (2 mu_a mu_b + c1)(2 (E_ab - mu_a mu_b) + c2) / (D1 D2), and
     d mean(S) / da = G*(dS/dmu_a) + 2 a G*(dS/dE_aa) + b G*(dS/dE_ab), all over
     the element count: five blurred planes forward, three backward. Each blur
-    runs along the rows into a full plane, then down them one output row at a
-    time, straight into what needs that row: only the row's window is kept.
+    runs along the rows into a full plane (RADIUS zero rows above and below), then
+    down them one output row at a time, straight into what needs that row: only
+    the row's window is kept.
     """
     height, length = a.shape
-    across = np.empty((5, height, length), a.dtype)
+    margin = RADIUS * step
+    across = np.empty((5, height + 2 * RADIUS, length), a.dtype)
+    partials_across = np.empty((3, height + 2 * RADIUS, length), a.dtype)
+    across[:, :RADIUS] = 0
+    across[:, RADIUS + height:] = 0
+    partials_across[:, :RADIUS] = 0
+    partials_across[:, RADIUS + height:] = 0
     for y in nb.prange(height):
         products = np.empty((5, length), a.dtype)
+        padded = np.empty(length + 2 * margin, a.dtype)
         for x in range(np.uint64(0), np.uint64(length)):
             va, vb = a[y, x], b[y, x]
             products[0, x], products[1, x] = va, vb
             products[2, x], products[3, x], products[4, x] = va * va, vb * vb, va * vb
         for p in range(5):
-            _blur_along(products[p], taps, step, across[p, y])
-    partials_across = np.empty((3, height, length), a.dtype)
+            _blur_along(products[p], taps, step, padded, across[p, RADIUS + y])
     row_sums = np.zeros(height, a.dtype)
     for y in nb.prange(height):
         partials = np.zeros((3, length), a.dtype)
+        padded = np.empty(length + 2 * margin, a.dtype)
         total = a.dtype.type(0)
         if row0 <= y < row1:  # else a halo row: it feeds the blur, but is not counted
             blurred = np.empty((5, length), a.dtype)
@@ -128,7 +138,7 @@ def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n,
                 partials[2, x] = 2 * num1 * inv / n
         row_sums[y] = total
         for p in range(3):
-            _blur_along(partials[p], taps, step, partials_across[p, y])
+            _blur_along(partials[p], taps, step, padded, partials_across[p, RADIUS + y])
     for y in nb.prange(height):
         spread = np.empty((3, length), a.dtype)
         _blur_down(partials_across, y, taps, spread)
