@@ -158,13 +158,13 @@ def _pixel_centres(tile_x, tile_y, dtype):
 @nb.njit(inline="always", fastmath=True)
 def _blend_splat(k, packed, local_k, px, py, T, live, last, acc, lo, hi):
     """Blend intersection k's splat into pixels [lo, hi); returns how many pixels
-    it finished."""
+    it finished and how many it changed."""
     zero, one, half, alpha_max, alpha_min, t_min = _constants(px.dtype)
     mx, my = packed[k, MEAN_X], packed[k, MEAN_Y]
     ca, cb, cc = packed[k, CONIC_A], packed[k, CONIC_B], packed[k, CONIC_C]
     opacity = packed[k, OPACITY]
     c0, c1, c2, c3 = packed[k, RED], packed[k, GREEN], packed[k, BLUE], packed[k, DEPTH]
-    stopped = zero
+    stopped = changed = zero
     for p in _pixels(lo, hi):
         dx, dy = mx - px[p], my - py[p]
         sigma = half * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
@@ -188,7 +188,8 @@ def _blend_splat(k, packed, local_k, px, py, T, live, last, acc, lo, hi):
         last[p] += contributes * (local_k - last[p])
         live[p] -= stop
         stopped += stop
-    return int(stopped)
+        changed += contributes
+    return int(stopped), changed > zero
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
@@ -221,13 +222,18 @@ def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, 
         for k in range(start, offsets[t + 1]):
             if n_live == 0:
                 break
-            reached = int(packed[k, BLOCKS_REACHED])
+            reached, changed = int(packed[k, BLOCKS_REACHED]), 0
             for block in range(BLOCKS):
                 if reached >> block & 1 and block_live[block] > 0:
-                    stopped = _blend_splat(k, packed, dtype.type(k - start), px, py, T, live,
-                                           last, acc, block * BLOCK, (block + 1) * BLOCK)
+                    stopped, any_changed = _blend_splat(
+                        k, packed, dtype.type(k - start), px, py, T, live, last, acc,
+                        block * BLOCK, (block + 1) * BLOCK)
                     block_live[block] -= stopped
                     n_live -= stopped
+                    changed |= (1 << block) if any_changed else 0
+            # The backward walks only these: in the others the splat changed no pixel,
+            # so it has no gradient there.
+            packed[k, BLOCKS_REACHED] = changed
         for p in range(PIXELS):
             x, y = _tile_xy(p)
             x, y = tile_x * TILE + x, tile_y * TILE + y

@@ -80,7 +80,8 @@ class _Composite(torch.autograd.Function):
                                 width, rows)
         cpu_kernels.forward(*inputs, rgb.numpy(), depth_sum.numpy(), final_T.numpy(),
                             last.numpy())
-        # The backward kernel takes the same inputs (the packed splats are a copy).
+        # The backward kernel takes the same inputs (the packed splats are a copy, whose
+        # block masks the forward narrowed to the blocks each splat changed).
         ctx.save_for_backward(means2d, background, final_T, last)
         ctx.inputs, ctx.splat_ids = inputs, bins.splat_ids
         return rgb, depth_sum, 1.0 - final_T
