@@ -324,7 +324,6 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
         behind = np.zeros(PIXELS, dtype)
         start = offsets[t]
         k_max = start - 1
-        block_last = np.full(BLOCKS, -1, np.int64)  # the last contributor to any pixel of it
         for p in range(PIXELS):
             x, y = _tile_xy(p)
             x, y = tile_x * TILE + x, tile_y * TILE + y
@@ -332,7 +331,6 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
                 T[p] = final_T[y - y0, x]
                 last[p] = last_index[y - y0, x] - start
                 k_max = max(k_max, last_index[y - y0, x])
-                block_last[p // BLOCK] = max(block_last[p // BLOCK], last_index[y - y0, x])
                 weighted_bg = -v_alpha[y - y0, x]
                 for ch in range(3):
                     v_out[ch, p] = v_rgb[y - y0, x, ch]
@@ -341,10 +339,8 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
                 tail[p] = T[p] * weighted_bg
         isect_grads[k_max + 1:offsets[t + 1]] = 0  # behind every pixel's last contributor
         for k in range(k_max, start - 1, -1):
+            # The blocks where the forward's splat changed a pixel (forward narrowed them).
             reached = int(packed[k, BLOCKS_REACHED])
-            for block in range(BLOCKS):  # a block whose pixels all ended in front of k
-                if block_last[block] < k:
-                    reached &= ~(1 << block)
             _backprop_splat(k, packed, dtype.type(k - start), px, py, T, last, v_out, behind,
                             tail, reached, isect_grads)
 
