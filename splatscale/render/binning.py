@@ -30,7 +30,7 @@ class TileBins:
     """
 
     splat_ids: Tensor   # [I] int64
-    blocks: Tensor      # [I] uint8
+    blocks: Tensor      # [I] uint8: one bit per block, BLOCKS (8) of them
     offsets: Tensor     # [tiles + 1] int64
     tiles_x: int
     tile_row0: int
@@ -194,10 +194,10 @@ def _ellipse_spans_of(lo, hi, order, boxes, means2d, conics, sigma_max, row_star
                 left, right = strip_span(b, c, det, ex, ey, v, v + BLOCK_H, at_top, at_bottom)
                 v, at_top = v + BLOCK_H, at_bottom
                 # Block column n's pixel centres: n BLOCK_W + 0.5 to (n + 1) BLOCK_W - 0.5.
-                first = (mx + left - (BLOCK_W - 0.5)) / BLOCK_W
-                last = (mx + right - 0.5) / BLOCK_W
-                first = int(math.ceil(min(max(first, column_lo), column_hi)))
-                last = int(math.floor(max(min(last, column_hi - 1), column_lo - 1)))
+                first_at = (mx + left - (BLOCK_W - 0.5)) / BLOCK_W
+                last_at = (mx + right - 0.5) / BLOCK_W
+                first = int(math.ceil(min(max(first_at, column_lo), column_hi)))
+                last = int(math.floor(max(min(last_at, column_hi - 1), column_lo - 1)))
                 block_spans[j, r, 0], block_spans[j, r, 1] = first, last
                 if first <= last:
                     first_tile = min(first_tile, first // BLOCKS_X)
@@ -249,8 +249,9 @@ def _place_splats(lo, hi, order, boxes, row_starts, spans, block_spans, tiles_x,
 def _fill_tiles(order, boxes, row_starts, spans, block_spans, tiles_x, tile_row0, n_tiles,
                 parts):  # pragma: no cover - compiled
     """Each tile's splats in ``order``: the splat ids tile after tile, the blocks each
-    reaches, and where each tile's start (a counting sort). Splat order[i] covers, in tile row boxes[i, 2] + r,
-    the columns [spans[row_starts[i] + r, 0], spans[row_starts[i] + r, 1]).
+    reaches, and where each tile's start (a counting sort). Splat order[i] covers, in
+    tile row boxes[i, 2] + r, the columns [spans[row_starts[i] + r, 0],
+    spans[row_starts[i] + r, 1]).
 
     ``parts`` consecutive runs of splats (of about equal rows) are counted and placed
     in parallel, each tile taking the runs in order: the result is the sequential

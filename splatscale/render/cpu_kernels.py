@@ -6,8 +6,8 @@ vectorises the pixel loop; every per-pixel decision is a select, not a branch.
 A tile's pixels are stored as eight blocks of 8x4 (32 consecutive values, one
 vectorised loop each), and a splat is evaluated only on the blocks where its
 alpha can reach 1/255 (binning's bit masks, ``TileBins.blocks``): elsewhere it
-changes no pixel and no gradient. The kernels composite exactly four channels, RGB and depth,
-fused into the pixel loop rather than looped over.
+changes no pixel and no gradient. The kernels composite exactly four channels,
+RGB and depth, fused into the pixel loop rather than looped over.
 The backward pass writes one gradient row per intersection; rows are summed per
 splat afterwards in a fixed order, so results never depend on thread timing.
 
