@@ -83,37 +83,49 @@ def _basis_gradient(degree, x, y, z, w):  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always")
-def _raw(basis, sh0, shN, g, channel):  # pragma: no cover - compiled
-    """sum_k basis_k coeff_k of one channel, all 16 terms written out (the basis is 0
-    above the degree): a loop would index the tuple at run time, through memory."""
-    return (basis[0] * sh0[g, 0, channel] + basis[1] * shN[g, 0, channel]
-            + basis[2] * shN[g, 1, channel] + basis[3] * shN[g, 2, channel]
-            + basis[4] * shN[g, 3, channel] + basis[5] * shN[g, 4, channel]
-            + basis[6] * shN[g, 5, channel] + basis[7] * shN[g, 6, channel]
-            + basis[8] * shN[g, 7, channel] + basis[9] * shN[g, 8, channel]
-            + basis[10] * shN[g, 9, channel] + basis[11] * shN[g, 10, channel]
-            + basis[12] * shN[g, 11, channel] + basis[13] * shN[g, 12, channel]
-            + basis[14] * shN[g, 13, channel] + basis[15] * shN[g, 14, channel])
+def _raw(degree, basis, sh0, shN, g, channel):  # pragma: no cover - compiled
+    """sum_k basis_k coeff_k of one channel, band by band up to ``degree``: the
+    coefficients above it are not read (training raises the degree only every
+    thousand images). Terms are written out: a loop would index the tuple at run
+    time, through memory."""
+    raw = basis[0] * sh0[g, 0, channel]
+    if degree >= 1:
+        raw += (basis[1] * shN[g, 0, channel] + basis[2] * shN[g, 1, channel]
+                + basis[3] * shN[g, 2, channel])
+    if degree >= 2:
+        raw += (basis[4] * shN[g, 3, channel] + basis[5] * shN[g, 4, channel]
+                + basis[6] * shN[g, 5, channel] + basis[7] * shN[g, 6, channel]
+                + basis[8] * shN[g, 7, channel])
+    if degree >= 3:
+        raw += (basis[9] * shN[g, 8, channel] + basis[10] * shN[g, 9, channel]
+                + basis[11] * shN[g, 10, channel] + basis[12] * shN[g, 11, channel]
+                + basis[13] * shN[g, 12, channel] + basis[14] * shN[g, 13, channel]
+                + basis[15] * shN[g, 14, channel])
+    return raw
 
 
 @numba.njit(inline="always")
-def _add_basis_times(basis, v_shN, g, channel, v):  # pragma: no cover - compiled
-    """v_shN[g, :, channel] += basis[1:] v, written out like ``_raw``."""
-    v_shN[g, 0, channel] += basis[1] * v
-    v_shN[g, 1, channel] += basis[2] * v
-    v_shN[g, 2, channel] += basis[3] * v
-    v_shN[g, 3, channel] += basis[4] * v
-    v_shN[g, 4, channel] += basis[5] * v
-    v_shN[g, 5, channel] += basis[6] * v
-    v_shN[g, 6, channel] += basis[7] * v
-    v_shN[g, 7, channel] += basis[8] * v
-    v_shN[g, 8, channel] += basis[9] * v
-    v_shN[g, 9, channel] += basis[10] * v
-    v_shN[g, 10, channel] += basis[11] * v
-    v_shN[g, 11, channel] += basis[12] * v
-    v_shN[g, 12, channel] += basis[13] * v
-    v_shN[g, 13, channel] += basis[14] * v
-    v_shN[g, 14, channel] += basis[15] * v
+def _add_basis_times(degree, basis, v_shN, g, channel, v):  # pragma: no cover - compiled
+    """v_shN[g, :, channel] += basis[1:] v up to ``degree`` (the rest stays 0),
+    written out like ``_raw``."""
+    if degree >= 1:
+        v_shN[g, 0, channel] += basis[1] * v
+        v_shN[g, 1, channel] += basis[2] * v
+        v_shN[g, 2, channel] += basis[3] * v
+    if degree >= 2:
+        v_shN[g, 3, channel] += basis[4] * v
+        v_shN[g, 4, channel] += basis[5] * v
+        v_shN[g, 5, channel] += basis[6] * v
+        v_shN[g, 6, channel] += basis[7] * v
+        v_shN[g, 7, channel] += basis[8] * v
+    if degree >= 3:
+        v_shN[g, 8, channel] += basis[9] * v
+        v_shN[g, 9, channel] += basis[10] * v
+        v_shN[g, 10, channel] += basis[11] * v
+        v_shN[g, 11, channel] += basis[12] * v
+        v_shN[g, 12, channel] += basis[13] * v
+        v_shN[g, 13, channel] += basis[14] * v
+        v_shN[g, 14, channel] += basis[15] * v
 
 
 @numba.njit(nogil=True, cache=True, fastmath=FASTMATH)
@@ -123,9 +135,9 @@ def _colors_of(lo, hi, means, sh0, shN, degree, gaussian_ids, camera_ids, centre
         g = gaussian_ids[i]
         x, y, z, _ = _direction(means, g, centres, camera_ids[i])
         basis = _basis(degree, x, y, z)
-        colors[i, 0] = max(_raw(basis, sh0, shN, g, 0) + 0.5, 0.0)
-        colors[i, 1] = max(_raw(basis, sh0, shN, g, 1) + 0.5, 0.0)
-        colors[i, 2] = max(_raw(basis, sh0, shN, g, 2) + 0.5, 0.0)
+        colors[i, 0] = max(_raw(degree, basis, sh0, shN, g, 0) + 0.5, 0.0)
+        colors[i, 1] = max(_raw(degree, basis, sh0, shN, g, 1) + 0.5, 0.0)
+        colors[i, 2] = max(_raw(degree, basis, sh0, shN, g, 2) + 0.5, 0.0)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
@@ -139,12 +151,19 @@ def sh_forward(means, sh0, shN, degree, gaussian_ids, camera_ids, centres,
 
 
 @numba.njit(inline="always")
-def _weights(shN, g, v0, v1, v2):  # pragma: no cover - compiled
-    """w[k] = coeff_k . (v0, v1, v2) for k = 1..15 (w[0] unused), a tuple: no allocation."""
+def _weights(degree, shN, g, v0, v1, v2):  # pragma: no cover - compiled
+    """w[k] = coeff_k . (v0, v1, v2) for k = 1..15 up to ``degree``, 0 above (w[0]
+    unused), a tuple: no allocation."""
     def w(k):
         return shN[g, k - 1, 0] * v0 + shN[g, k - 1, 1] * v1 + shN[g, k - 1, 2] * v2
-    return (0.0, w(1), w(2), w(3), w(4), w(5), w(6), w(7), w(8), w(9), w(10), w(11), w(12),
-            w(13), w(14), w(15))
+    w1 = w2 = w3 = w4 = w5 = w6 = w7 = w8 = w9 = w10 = w11 = w12 = w13 = w14 = w15 = 0.0
+    if degree >= 1:
+        w1, w2, w3 = w(1), w(2), w(3)
+    if degree >= 2:
+        w4, w5, w6, w7, w8 = w(4), w(5), w(6), w(7), w(8)
+    if degree >= 3:
+        w9, w10, w11, w12, w13, w14, w15 = w(9), w(10), w(11), w(12), w(13), w(14), w(15)
+    return (0.0, w1, w2, w3, w4, w5, w6, w7, w8, w9, w10, w11, w12, w13, w14, w15)
 
 
 @numba.njit(inline="always")
@@ -155,21 +174,21 @@ def _pair_color_gradient(i, g, c, means, sh0, shN, degree, centres, v_colors, v_
     basis = _basis(degree, x, y, z)
     # d loss / d raw per channel; none passes where the colour was clamped at 0
     v0, v1, v2 = v_colors[i, 0], v_colors[i, 1], v_colors[i, 2]
-    if _raw(basis, sh0, shN, g, 0) + 0.5 < 0.0:
+    if _raw(degree, basis, sh0, shN, g, 0) + 0.5 < 0.0:
         v0 = 0.0
-    if _raw(basis, sh0, shN, g, 1) + 0.5 < 0.0:
+    if _raw(degree, basis, sh0, shN, g, 1) + 0.5 < 0.0:
         v1 = 0.0
-    if _raw(basis, sh0, shN, g, 2) + 0.5 < 0.0:
+    if _raw(degree, basis, sh0, shN, g, 2) + 0.5 < 0.0:
         v2 = 0.0
     v_sh0[g, 0, 0] += basis[0] * v0
     v_sh0[g, 0, 1] += basis[0] * v1
     v_sh0[g, 0, 2] += basis[0] * v2
-    _add_basis_times(basis, v_shN, g, 0, v0)
-    _add_basis_times(basis, v_shN, g, 1, v1)
-    _add_basis_times(basis, v_shN, g, 2, v2)
+    _add_basis_times(degree, basis, v_shN, g, 0, v0)
+    _add_basis_times(degree, basis, v_shN, g, 1, v1)
+    _add_basis_times(degree, basis, v_shN, g, 2, v2)
     if degree == 0:
         return
-    gx, gy, gz = _basis_gradient(degree, x, y, z, _weights(shN, g, v0, v1, v2))
+    gx, gy, gz = _basis_gradient(degree, x, y, z, _weights(degree, shN, g, v0, v1, v2))
     # n = d / |d|: d n / d d = (I - n n^T) / |d|
     along = gx * x + gy * y + gz * z
     v_means[g, 0] += (gx - along * x) / norm
