@@ -62,19 +62,17 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
     tile_row0, tile_row1 = y0 // TILE_SIZE, -(-y1 // TILE_SIZE)
     n_tiles = tiles_x * (tile_row1 - tile_row0)
     with torch.no_grad():
-        lo, hi = tile_boxes(means2d, radii)
-        x_lo, x_hi = lo[:, 0].clamp(0, tiles_x), hi[:, 0].clamp(0, tiles_x)
-        y_lo = lo[:, 1].clamp(tile_row0, tile_row1)
-        y_hi = hi[:, 1].clamp(tile_row0, tile_row1)
-        x_hi[(radii <= 0).any(dim=-1)] = 0  # an empty box: no tile
         # Nearest first, equal depths by key. Positive floats order like their bit
         # patterns, and integer sorts are faster. Ties are rare: they are ordered after
         # the sort, not by a sort of every key first (which took twice the depth sort).
         depth_bits = depths.detach().view(torch.int32 if depths.dtype == torch.float32
                                           else torch.int64)
-        order = torch.argsort(depth_bits, stable=True)
-        _order_ties_by_key(depth_bits.numpy(), keys.contiguous().numpy(), order.numpy())
-        boxes = torch.stack([x_lo, x_hi, y_lo, y_hi], dim=1).index_select(0, order).numpy()
+        order = torch.argsort(depth_bits, stable=True).numpy()
+        _order_ties_by_key(depth_bits.numpy(), keys.contiguous().numpy(), order)
+        means = means2d.detach().contiguous().numpy()
+        boxes = np.empty((len(order), 4), np.int32)
+        _sorted_boxes(order, means, radii.contiguous().numpy(), tiles_x, tile_row0, tile_row1,
+                      boxes)
         # Each splat's tiles, row by row of its box: a span of columns per row, and in each
         # of the row's rows of blocks the span of block columns (image-wide, inclusive).
         row_starts = np.zeros(len(order) + 1, np.int64)
@@ -84,19 +82,41 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
         if conics is None:
             _box_spans(boxes, row_starts, spans, block_spans)
         else:
-            _ellipse_spans(order.numpy(), boxes, means2d.detach().contiguous().numpy(),
-                           conics.detach().contiguous().numpy(),
-                           sigma_max(opacities.detach()).numpy(), row_starts, spans, block_spans)
-        splat_ids, blocks, offsets = _fill_tiles(order.numpy(), boxes, row_starts, spans,
+            _ellipse_spans(order, boxes, means, conics.detach().contiguous().numpy(),
+                           opacities.detach().contiguous().numpy(), row_starts, spans,
+                           block_spans)
+        splat_ids, blocks, offsets = _fill_tiles(order, boxes, row_starts, spans,
                                                  block_spans, tiles_x, tile_row0, n_tiles,
                                                  numba.get_num_threads())
     return TileBins(torch.from_numpy(splat_ids), torch.from_numpy(blocks),
                     torch.from_numpy(offsets), tiles_x, tile_row0, tile_row1 - tile_row0)
 
 
-def sigma_max(opacities: Tensor) -> Tensor:
-    """The largest sigma at which a splat's alpha still reaches 1/255: ln(255 opacity)."""
-    return torch.log(opacities.to(torch.float64).clamp_min(ALPHA_MIN) / ALPHA_MIN)
+@numba.njit(cache=True)
+def _sorted_boxes_of(lo, hi, order, means2d, radii, tiles_x, tile_row0, tile_row1,
+                     boxes):  # pragma: no cover - compiled
+    tile = means2d.dtype.type(TILE_SIZE)
+    for i in range(lo, hi):
+        g = order[i]
+        x, y = means2d[g, 0] / tile, means2d[g, 1] / tile
+        rx, ry = means2d.dtype.type(radii[g, 0]) / tile, means2d.dtype.type(radii[g, 1]) / tile
+        # np.floor clamps in floats; math.floor's int64 made this loop three times slower.
+        x_hi = min(max(np.ceil(x + rx), 0), tiles_x)
+        boxes[i, 0] = min(max(np.floor(x - rx), 0), tiles_x)
+        boxes[i, 1] = x_hi if radii[g, 0] > 0 and radii[g, 1] > 0 else 0  # empty: no tile
+        boxes[i, 2] = min(max(np.floor(y - ry), tile_row0), tile_row1)
+        boxes[i, 3] = min(max(np.ceil(y + ry), tile_row0), tile_row1)
+
+
+@numba.njit(parallel=True, cache=True)
+def _sorted_boxes(order, means2d, radii, tiles_x, tile_row0, tile_row1,
+                  boxes):  # pragma: no cover - compiled
+    """boxes[i]: ``tile_boxes`` of splat order[i] clipped to the band's tiles, as
+    (x_lo, x_hi, y_lo, y_hi); x_hi = 0 where a radius is 0."""
+    count = order.shape[0]
+    for chunk in numba.prange((count + CHUNK - 1) // CHUNK):
+        _sorted_boxes_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), order, means2d, radii,
+                         tiles_x, tile_row0, tile_row1, boxes)
 
 
 @numba.njit(cache=True)
@@ -174,7 +194,7 @@ def _box_spans(boxes, row_starts, spans, block_spans):  # pragma: no cover - com
 
 
 @numba.njit(cache=True)
-def _ellipse_spans_of(lo, hi, order, boxes, means2d, conics, sigma_max, row_starts, spans,
+def _ellipse_spans_of(lo, hi, order, boxes, means2d, conics, opacities, row_starts, spans,
                       block_spans):  # pragma: no cover - compiled
     """Splats [lo, hi): in each row of blocks of the box, the block columns with a pixel
     centre in the splat's ``reach_ellipse`` (a span, as a row cuts the ellipse in one
@@ -183,7 +203,9 @@ def _ellipse_spans_of(lo, hi, order, boxes, means2d, conics, sigma_max, row_star
         g = order[i]
         mx, my = np.float64(means2d[g, 0]), np.float64(means2d[g, 1])
         a, b, c = np.float64(conics[g, 0]), np.float64(conics[g, 1]), np.float64(conics[g, 2])
-        limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max[g])
+        # The largest sigma at which the splat's alpha reaches 1/255: ln(255 opacity).
+        sigma_max = math.log(max(np.float64(opacities[g]), ALPHA_MIN) / ALPHA_MIN)
+        limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max)
         column_lo, column_hi = boxes[i, 0] * BLOCKS_X, boxes[i, 1] * BLOCKS_X
         v = boxes[i, 2] * TILE_SIZE - my  # the top of a row of blocks, relative to the mean
         at_top = boundary_at(a, b, limit, det, ey, v)
@@ -206,12 +228,12 @@ def _ellipse_spans_of(lo, hi, order, boxes, means2d, conics, sigma_max, row_star
 
 
 @numba.njit(parallel=True, cache=True)
-def _ellipse_spans(order, boxes, means2d, conics, sigma_max, row_starts, spans,
+def _ellipse_spans(order, boxes, means2d, conics, opacities, row_starts, spans,
                    block_spans):  # pragma: no cover - compiled
     count = order.shape[0]
     for chunk in numba.prange((count + CHUNK - 1) // CHUNK):
         _ellipse_spans_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), order, boxes, means2d,
-                          conics, sigma_max, row_starts, spans, block_spans)
+                          conics, opacities, row_starts, spans, block_spans)
 
 
 @numba.njit(cache=True)
