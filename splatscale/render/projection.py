@@ -166,12 +166,11 @@ class _EwaPairs(torch.autograd.Function):
         grads = [(g if g is not None else zero.expand(shape)).contiguous().numpy()
                  for g, shape in ((v_means2d, (pairs, 2)), (v_conics, (pairs, 3)),
                                   (v_depths, (pairs,)))]
-        per_gaussian = torch.zeros(len(means), projection_kernels.GRAD_WIDTH, dtype=means.dtype)
+        v_means, v_quats, v_log_scales = (torch.zeros_like(t) for t in (means, quats, log_scales))
         projection_kernels.project_backward(
             means.numpy(), quats.numpy(), log_scales.numpy(), gaussian_ids.numpy(),
             camera_offsets(camera_ids, len(viewmats)).numpy(), viewmats.numpy(), Ks.numpy(),
-            sizes.numpy(), *grads, per_gaussian.numpy())
-        v_means, v_quats, v_log_scales = per_gaussian.split([3, 4, 3], dim=1)
+            sizes.numpy(), *grads, v_means.numpy(), v_quats.numpy(), v_log_scales.numpy())
         return v_means, v_quats, v_log_scales, None, None, None, None, None
 
 

@@ -35,7 +35,6 @@ from numba import prange
 from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FRUSTUM_CLAMP,
                                            NEAR_PLANE, RADIUS_SIGMAS)
 
-GRAD_WIDTH = 10  # d/d means (3), quats (4), log-scales (3)
 CHUNK = 256  # pairs (or Gaussians) per parallel task
 
 
@@ -210,21 +209,32 @@ def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, v_means2
 
 @numba.njit(nogil=True, cache=True)
 def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats, Ks, sizes,
-                    v_means2d, v_conics, v_depths, out):  # pragma: no cover - compiled
-    """Pairs [lo, hi), all of camera c: each one's gradient added to its Gaussian's row."""
+                    v_means2d, v_conics, v_depths, v_means, v_quats,
+                    v_log_scales):  # pragma: no cover - compiled
+    """Pairs [lo, hi), all of camera c: each one's gradient added to its Gaussian's rows."""
     for i in range(lo, hi):
         g = gaussian_ids[i]
         grad = _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, v_means2d,
                               v_conics, v_depths, i)
-        for j in range(GRAD_WIDTH):
-            out[g, j] += grad[j]
+        v_means[g, 0] += grad[0]
+        v_means[g, 1] += grad[1]
+        v_means[g, 2] += grad[2]
+        v_quats[g, 0] += grad[3]
+        v_quats[g, 1] += grad[4]
+        v_quats[g, 2] += grad[5]
+        v_quats[g, 3] += grad[6]
+        v_log_scales[g, 0] += grad[7]
+        v_log_scales[g, 1] += grad[8]
+        v_log_scales[g, 2] += grad[9]
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def project_backward(means, quats, log_scales, gaussian_ids, camera_offsets, viewmats, Ks,
-                     sizes, v_means2d, v_conics, v_depths, out):  # pragma: no cover - compiled
-    """out[g] += the gradient of means, quats and log-scales (GRAD_WIDTH) of each pair
-    of Gaussian g. Camera by camera: a Gaussian has at most one pair per camera, so a
+                     sizes, v_means2d, v_conics, v_depths, v_means, v_quats,
+                     v_log_scales):  # pragma: no cover - compiled
+    """v_means[g], v_quats[g], v_log_scales[g] += the gradients of each pair of Gaussian
+    g (three arrays, not views of one: a gradient must be contiguous, or autograd
+    copies it). Camera by camera: a Gaussian has at most one pair per camera, so a
     camera's pairs run in parallel and each Gaussian's sum follows the camera order
     whatever the number of threads."""
     for c in range(camera_offsets.shape[0] - 1):
@@ -232,7 +242,7 @@ def project_backward(means, quats, log_scales, gaussian_ids, camera_offsets, vie
         for chunk in prange((hi - lo + CHUNK - 1) // CHUNK):
             _backward_pairs(lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK), c, means,
                             quats, log_scales, gaussian_ids, viewmats, Ks, sizes, v_means2d,
-                            v_conics, v_depths, out)
+                            v_conics, v_depths, v_means, v_quats, v_log_scales)
 
 
 @numba.njit(nogil=True, cache=True)
