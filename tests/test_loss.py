@@ -6,7 +6,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from splatscale.step.loss import photometric_loss, psnr
+from splatscale.step.loss import abs_difference_sum, photometric_loss, psnr
 from splatscale.step.ssim import ssim, ssim_map
 
 
@@ -58,6 +58,21 @@ def test_photometric_loss_and_psnr():
     expected = 0.8 * l1 + 0.2 * (1 - direct_ssim_map(a, b).mean())
     torch.testing.assert_close(photometric_loss(a, b), expected, rtol=1e-12, atol=0)
     assert psnr(b, b) == float("inf")
+    shifted = a * 1.3 - 0.1  # some values outside [0, 1]: PSNR clamps them
+    mse = torch.mean((shifted.clamp(0, 1) - b) ** 2).item()
+    assert math.isclose(psnr(shifted, b), -10 * math.log10(mse), rel_tol=1e-12)
+
+
+def test_fused_cpu_l1_gradient_is_torch_autograds():
+    a, b = images(seed=4)
+    b[::3] = a[::3]  # equal values: a zero gradient, as torch's abs gives
+    a.requires_grad_(True)
+    (want,) = torch.autograd.grad(2.0 * (a - b).abs().sum() / a.numel(), a)
+    (got,) = torch.autograd.grad(2.0 * abs_difference_sum(a, b) / a.numel(), a)
+    assert torch.equal(got, want)
+    for rows in [(0, 29), (5, 17)]:  # a band of rows: the rows of the slice only
+        torch.testing.assert_close(abs_difference_sum(a[rows[0]:rows[1]], b[rows[0]:rows[1]]),
+                                   (a - b)[rows[0]:rows[1]].abs().sum(), rtol=1e-12, atol=0)
     mse = ((a - b) ** 2).mean().item()
     assert abs(psnr(a, b) + 10 * math.log10(mse)) < 1e-9
 
