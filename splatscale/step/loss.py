@@ -1,8 +1,9 @@
 """The 3DGS loss, (1 - w) L1 + w (1 - SSIM), and the image metrics.
 
 On the CPU, the L1 sum and its gradient's signs, and PSNR's squared error, are
-each one pass of a numba kernel over the image: in torch they are three to four
-full-image passes each, a few milliseconds a step at 495x371.
+each one pass of a numba kernel over the image rather than torch's three to four
+full-image passes. At 495x371 this saves about 0.5 ms a step, most of it in PSNR:
+the L1 passes are memory-bound either way.
 """
 
 from __future__ import annotations
