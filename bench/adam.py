@@ -15,7 +15,6 @@ rows elsewhere); rates count parameter-steps per second.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import numba
@@ -24,6 +23,8 @@ import torch
 from splatscale.engine.offload.host_adam import DeferredAdam
 from splatscale.model import GaussianModel
 from splatscale.step.optimizer import GaussianAdam
+
+from report import emit
 
 BYTES_PER_PARAMETER_STEP = 28
 RATES = {"means": 1.6e-4, "sh0": 2.5e-3, "shN": 1.25e-4, "opacity_logits": 0.05,
@@ -79,14 +80,14 @@ def main() -> None:
         rates[f"replay_{skipped}_parameter_steps_per_second"] = (
             len(rows) * per_gaussian * skipped / seconds)
     measured = bandwidth(args.repeats)
-    print(json.dumps({
+    emit({
         "gaussians": args.gaussians, "threads": numba.get_num_threads(),
         "memory_bandwidth_bytes_per_second": round(measured),
         "bandwidth_bound_parameters_per_second": round(measured / BYTES_PER_PARAMETER_STEP),
         "dense_parameters_per_second": round(args.gaussians * per_gaussian / dense),
         **{k: round(v) for k, v in rates.items()},
         "dense_fraction_of_bound": round(args.gaussians * per_gaussian / dense
-                                         / (measured / BYTES_PER_PARAMETER_STEP), 3)}))
+                                         / (measured / BYTES_PER_PARAMETER_STEP), 3)})
 
 
 if __name__ == "__main__":

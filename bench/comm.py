@@ -25,7 +25,6 @@ coefficients are printed, relative to an intersection's.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -42,6 +41,8 @@ from splatscale.model import init_from_points
 from splatscale.model.ply import read_ply
 from splatscale.render import project, rasterize
 from splatscale.step.loss import photometric_loss
+
+from report import emit
 
 DEFAULT_SCENE = Path(__file__).resolve().parents[1] / "tests" / "data" / "snowmiku"
 
@@ -141,11 +142,11 @@ def main() -> None:
         totals["band_dense_bytes"].append(dense)
         totals["whole_image_bytes"].append(whole)
     cost = fitted.current
-    print(json.dumps({"scene": args.scene, "model": str(args.model or "sfm points"),
+    emit({"scene": args.scene, "model": str(args.model or "sfm points"),
                       "gaussians": len(model), "world": args.world,
                       "batch_size": args.batch_size, "steps": args.steps,
                       **{k: round(statistics.mean(v), 3) for k, v in totals.items()},
-                      "fitted_pixel_cost": round(cost.pixel / cost.intersection, 4)}))
+                      "fitted_pixel_cost": round(cost.pixel / cost.intersection, 4)})
 
 
 if __name__ == "__main__":

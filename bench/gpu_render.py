@@ -13,7 +13,6 @@ difference between the two images, and the peak GPU memory of each.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -22,6 +21,7 @@ import torch
 
 from splatscale.render import project, rasterize
 
+from report import emit
 from scenes import garden_scene
 
 
@@ -68,11 +68,11 @@ def main() -> None:
 
     ours_ms, ours_peak = timed(ours, args.repeats)
     theirs_ms, theirs_peak = timed(theirs, args.repeats)
-    print(json.dumps({"gaussians": len(model), "width": camera.width, "height": camera.height,
+    emit({"gaussians": len(model), "width": camera.width, "height": camera.height,
                       "ours_ms": round(ours_ms, 3), "gsplat_ms": round(theirs_ms, 3),
                       "ratio": round(ours_ms / theirs_ms, 3),
                       "max_pixel_difference": float((ours() - theirs()).abs().max()),
-                      "ours_peak_bytes": ours_peak, "gsplat_peak_bytes": theirs_peak}))
+                      "ours_peak_bytes": ours_peak, "gsplat_peak_bytes": theirs_peak})
 
 
 if __name__ == "__main__":

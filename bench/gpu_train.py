@@ -15,7 +15,6 @@ GPU), each run alone after a warm-up:
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from functools import partial
 
@@ -28,6 +27,7 @@ from splatscale.engine.local import LocalEngine
 from splatscale.engine.offload import OffloadEngine
 
 from memory import rates
+from report import emit
 from scenes import DATA, garden_scene
 from step import run as trainer_run
 
@@ -80,7 +80,7 @@ def main() -> None:
         out[f"garden_{name}"] = measured(args.device, partial(
             garden_run, make, args.gaussians, args.garden_steps))
         out[f"garden_{name}"]["gaussians"] = args.gaussians
-    print(json.dumps(out))
+    emit(out)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from splatscale.engine.offload.engine import EXACT_TEST
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.projection import visibility
 
+from report import emit
 from scenes import garden_scene, snowmiku_init
 
 def rates(extent: float = 1.0) -> dict[str, float]:
@@ -116,7 +117,7 @@ def main() -> None:
                      "peak_ratio": round(local["peak_bytes"] / offload["peak_bytes"], 2),
                      "visible_fraction": round(offload["visible_fraction"], 3),
                      "candidate_fraction": round(offload["candidate_fraction"], 3)}
-    print(json.dumps(out))
+    emit(out)
 
 
 if __name__ == "__main__":

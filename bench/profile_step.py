@@ -16,7 +16,6 @@ are timed one by one, with synchronisation points the step does not have).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections import defaultdict
@@ -37,6 +36,7 @@ from splatscale.render.binning import bin_tiles
 from splatscale.render.rasterize import composite
 from splatscale.step.loss import photometric_loss
 
+from report import emit
 from scenes import DATA
 
 RATES = {"means": 1.6e-4, "sh0": 2.5e-3, "shN": 1.25e-4, "opacity_logits": 0.05,
@@ -129,7 +129,7 @@ def main() -> None:
             camera = store.camera(0)
             runs.append({"gaussians": len(model), "width": camera.width,
                          "height": camera.height, "ms": profile(store, model, args.steps)})
-    print(json.dumps({"scene": "snowmiku", "runs": runs}))
+    emit({"scene": "snowmiku", "runs": runs})
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ the standard 3DGS way from its SfM points, 10 cameras, loss L1 against zeros.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -19,6 +18,8 @@ from splatscale.data.colmap import read_colmap
 from splatscale.model import init_from_points
 from splatscale.render import project, rasterize
 from splatscale.render.binning import bin_tiles
+
+from report import emit
 
 DEFAULT_SCENE = Path(__file__).resolve().parents[1] / "tests" / "data" / "snowmiku"
 
@@ -68,7 +69,7 @@ def main() -> None:
             isects.append(n)
     total = [f + b for f, b in zip(forward, backward)]
     mean_isects = statistics.mean(isects)
-    print(json.dumps({
+    emit({
         "scene": str(args.scene), "gaussians": len(model), "views": len(cameras),
         "width": cameras[0].width, "height": cameras[0].height,
         "forward_ms": round(statistics.median(forward), 2),
@@ -77,7 +78,7 @@ def main() -> None:
         "intersections": round(mean_isects),
         "total_ms_per_million_intersections": round(statistics.median(total) / mean_isects * 1e6, 2),
         "threads": numba.get_num_threads(),
-    }))
+    })
 
 
 if __name__ == "__main__":

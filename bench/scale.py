@@ -26,7 +26,6 @@ whether every one agrees to 10 %.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
@@ -47,6 +46,7 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project
 from splatscale.render.cpu_kernels import GRAD_WIDTH
 
+from report import emit
 from scenes import garden_scene, moved_views, snowmiku_init
 
 FLOAT_BYTES = 4  # float32 training
@@ -230,10 +230,10 @@ def main() -> None:
                               per_gaussian) for _ in range(args.predicted_steps)]
         predicted[world] = summary(steps, cost)
     within = all(v["relative_error"] <= 0.10 for c in checked.values() for v in c.values())
-    print(json.dumps({"gaussians": len(model), "batch_size": "W",
+    emit({"gaussians": len(model), "batch_size": "W",
                       "cost": {"pixel": cost.pixel, "intersection": cost.intersection},
                       "bytes_per_gaussian": per_gaussian, "predicted": predicted,
-                      "checked": checked, "within_10_percent": within}))
+                      "checked": checked, "within_10_percent": within})
 
 
 if __name__ == "__main__":

@@ -11,7 +11,6 @@ and the fractions of the Gaussians culled as candidates and found visible.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -25,6 +24,7 @@ from splatscale.engine.offload import OffloadEngine
 from splatscale.train.config import TrainConfig
 from splatscale.train.trainer import RunOptions, Trainer
 
+from report import emit
 from scenes import DATA
 
 ENGINES = {"local": LocalEngine,
@@ -74,7 +74,7 @@ def main() -> None:
         for name in ("offload_forwarding", "offload_no_forwarding"):
             runs[name]["speed_vs_local"] = round(runs[name]["images_per_second"] / local, 3)
         out[f"batch_{batch_size}"] = runs
-    print(json.dumps(out))
+    emit(out)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ from splatscale.data.images import ImageStore
 from splatscale.train.config import TrainConfig
 from splatscale.train.trainer import RunOptions, Trainer
 
+from report import emit
+
 DEFAULT_SCENE = Path(__file__).resolve().parents[1] / "tests" / "data" / "snowmiku"
 
 
@@ -101,7 +103,7 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, help="a checkout to compare against")
     args = parser.parse_args()
     if args.baseline is None:
-        print(json.dumps(measure(args)))
+        emit(measure(args))
         return
     before = baseline_measure(args)
     after = measure(args)
@@ -110,7 +112,7 @@ def main() -> None:
         print(f"{name}: {row['it_s_before']} -> {row['it_s_after']} it/s "
               f"({row['speedup']}x), test PSNR {row['psnr_before']} -> {row['psnr_after']}",
               file=sys.stderr)
-    print(json.dumps({"before": before, "after": after, "compared": table}))
+    emit({"before": before, "after": after, "compared": table})
 
 
 if __name__ == "__main__":

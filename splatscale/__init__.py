@@ -1,7 +1,9 @@
 """splatscale: 3D Gaussian Splatting training from a laptop CPU to many GPUs."""
 
 from splatscale.allocator import keep_freed_memory
+from splatscale.threads import choose_threading_layer
 
 __version__ = "0.1.0"
 
 keep_freed_memory()
+choose_threading_layer()
