@@ -1,4 +1,8 @@
-"""Atomic file writes: a reader sees the old file or the new one, never a torn one."""
+"""Atomic file writes: a reader sees the old file or the new one, never a torn one.
+
+The file gets the mode a plain ``open`` would give it (0666 less the umask),
+not the temporary's 0600.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +20,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~umask())
+    finally:
+        os.close(fd)
     try:
         yield Path(tmp)
         with open(tmp, "rb") as handle:
@@ -29,6 +36,20 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def umask() -> int:
+    """The process' umask, read without changing it where Linux tells it."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    current = os.umask(0o022)  # elsewhere the only way to read it is to set it
+    os.umask(current)
+    return current
 
 
 def write_json(path: str | Path, data: object) -> None:

@@ -58,3 +58,29 @@ def test_splat_export_has_32_bytes_per_gaussian(tmp_path):
     assert len(data) == 20
     assert set(map(tuple, np.round(data["position"], 5))) == \
         set(map(tuple, np.round(model.means.numpy(), 5)))
+
+
+def test_export_keeps_extra_properties_or_says_which_it_dropped(tmp_path, capsys):
+    """Another trainer's per-Gaussian values (here a float and a byte) stay in a PLY;
+    the .splat format, which has no place for them, names them."""
+    from numpy.lib import recfunctions
+    from plyfile import PlyData, PlyElement
+
+    from splatscale.cli import main
+
+    write_ply(random_model(6, seed=3, dtype=torch.float32), tmp_path / "plain.ply")
+    plain = PlyData.read(str(tmp_path / "plain.ply"))["vertex"].data
+    extra = {"confidence": np.linspace(0, 1, 6, dtype="f4"), "label": np.arange(6, dtype="u1")}
+    rows = recfunctions.append_fields(plain, list(extra), list(extra.values()), usemask=False)
+    PlyData([PlyElement.describe(rows, "vertex")]).write(str(tmp_path / "rich.ply"))
+
+    assert main(["export", str(tmp_path / "rich.ply"), "--format", "ply",
+                 "-o", str(tmp_path / "out.ply")]) == 0
+    out = PlyData.read(str(tmp_path / "out.ply"))["vertex"].data
+    for name, values in extra.items():
+        assert out.dtype[name] == values.dtype and np.array_equal(out[name], values), name
+    for name, tensor in read_ply(tmp_path / "rich.ply").parameters().items():
+        assert torch.equal(getattr(read_ply(tmp_path / "out.ply"), name), tensor), name
+
+    assert main(["export", str(tmp_path / "rich.ply"), "--format", "splat"]) == 0
+    assert "extra properties, dropped: confidence, label" in capsys.readouterr().err

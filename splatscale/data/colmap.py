@@ -9,7 +9,7 @@ import torch
 
 from splatscale.data.cameras import Camera
 from splatscale.data.scene import (Distortion, Scene, View, check_cameras,
-                                   check_missing_images)
+                                   check_missing_images, check_unique_names, finite_points)
 from splatscale.data.undistort import PINHOLE_MODELS, pinhole_K, undistorted_pinhole
 from splatscale.errors import DataError
 
@@ -68,10 +68,11 @@ def read_colmap(root: str | Path, skip_missing_images: bool = False) -> Scene:
     check_missing_images(missing, len(images), sparse, skip_missing_images)
     views = [_view(im, recon.cameras[im.camera_id], image_dir / im.name)
              for im, here in zip(images, present) if here]
+    check_unique_names(views, sparse)
     check_cameras(views, sparse)
     points = [point for _, point in sorted(recon.points3D.items())]  # by id: deterministic
     xyz = np.array([p.xyz for p in points], dtype=np.float64).reshape(-1, 3)
     rgb = np.array([p.color for p in points], dtype=np.uint8).reshape(-1, 3)
     if len(xyz) == 0:
         raise DataError(f"{sparse}: the COLMAP model has no 3D points to start from")
-    return Scene(views, xyz, rgb, root)
+    return Scene(views, *finite_points(xyz, rgb, sparse), root)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
+from tqdm import tqdm
 
 from splatscale.atomic import atomic_path
 from splatscale.data.cameras import Camera
@@ -114,17 +116,41 @@ class ImageStore:
     def __len__(self) -> int:
         return len(self._cameras)
 
-    def check(self) -> None:
-        """Open every image's header now, so a missing or unreadable file, or one whose
-        size does not fit its camera, is reported before training writes anything."""
-        for view in self.scene.views:
-            try:
-                with Image.open(view.image_path) as image:
-                    size = image.size
-                    image.verify()
-            except OSError as error:
-                raise DataError(f"{view.image_path}: not a readable image ({error})") from None
-            _check_size(view, size)
+    def check(self, decode: bool = True, progress: bool = False) -> None:
+        """Every image now, so that a missing or unreadable file, one whose size does not
+        fit its camera, or an image cache that cannot be written is reported before
+        training writes anything. ``decode``: each image is decoded (undistorted, resized
+        and cached) as training reads it; otherwise its header alone is read."""
+        if any(self._needs_work(i) for i in range(len(self))):
+            self._check_cache()
+        # Shown only when slow, and cleared: a refused run's one line stands alone.
+        with tqdm(total=len(self), desc="checking images", unit="image", leave=False,
+                  delay=1.0, disable=not progress) as bar:
+            for index, view in enumerate(self.scene.views):
+                try:
+                    with Image.open(view.image_path) as image:
+                        size = image.size
+                        image.verify()
+                except OSError as error:
+                    raise DataError(f"{view.image_path}: not a readable image ({error})"
+                                    ) from None
+                _check_size(view, size)
+                if decode:
+                    self.image(index)
+                bar.update()
+
+    def _check_cache(self) -> None:
+        """The cache folder takes a file (it may be a file itself, or full, or read-only)."""
+        try:
+            self.cache_dir.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=self.cache_dir, prefix=".probe.") as probe:
+                probe.write(bytes(4096))
+                probe.flush()
+                os.fsync(probe.fileno())
+        except OSError as error:
+            raise DataError(f"{self.cache_dir}: the image cache cannot be written there "
+                            f"({error.strerror or error}); choose another with --cache-dir"
+                            ) from None
 
     def fingerprint(self) -> str:
         """A digest of every view's camera (at this resolution) and image file size, so
@@ -159,9 +185,14 @@ class ImageStore:
         bg = "".join(f"{round(c * 255):02x}" for c in self.background)
         return self.cache_dir / f"{camera.width}x{camera.height}_{bg}" / f"{name}.png"
 
+    def _needs_work(self, index: int) -> bool:
+        """Whether the image is undistorted or resized (and so cached) before use."""
+        view = self.scene.views[index]
+        return view.distortion is not None or self._cameras[index] is not view.camera
+
     def _load(self, index: int) -> np.ndarray:
         view, camera = self.scene.views[index], self._cameras[index]
-        needs_work = view.distortion is not None or camera is not view.camera
+        needs_work = self._needs_work(index)
         cached = self._cache_path(index)
         if needs_work and cached.is_file():
             return _decode(cached, self.background)

@@ -80,3 +80,28 @@ def check_missing_images(missing: list[str], listed: int, source: Path,
     if len(missing) == listed:
         raise DataError(f"{source}: all {what}")
     notice(f"{source}: {what}; skipping them")
+
+
+def check_unique_names(views: list[View], source: Path) -> None:
+    """Refuse a scene listing one image twice: its two poses would be contradictory
+    supervision, or one image weighted twice."""
+    seen: set[str] = set()
+    for view in views:
+        if view.camera.name in seen:
+            raise DataError(f"{source}: image {view.camera.name} is listed twice; each "
+                            "image may have one pose")
+        seen.add(view.camera.name)
+
+
+def finite_points(xyz: np.ndarray, rgb: np.ndarray,
+                  source: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The points whose coordinates are all finite, saying how many were dropped."""
+    finite = np.isfinite(xyz).all(axis=1)
+    if finite.all():
+        return xyz, rgb
+    dropped = int((~finite).sum())
+    if not finite.any():
+        raise DataError(f"{source}: none of its {dropped} points has finite coordinates")
+    notice(f"{source}: dropped {dropped} of {len(xyz)} points with NaN or infinite "
+           "coordinates")
+    return xyz[finite], rgb[finite]

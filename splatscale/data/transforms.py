@@ -12,7 +12,7 @@ from PIL import Image
 
 from splatscale.data.cameras import Camera
 from splatscale.data.scene import (Distortion, Scene, View, check_cameras,
-                                   check_missing_images)
+                                   check_missing_images, check_unique_names, finite_points)
 from splatscale.data.undistort import undistorted_pinhole
 from splatscale.errors import DataError
 
@@ -181,6 +181,7 @@ def read_transforms(root: str | Path, skip_missing_images: bool = False) -> Scen
         meta = _load_json(path)
         file_views = [_view(meta, frame, image, path) for frame, image
                       in _frame_images(meta, path.parent, path, skip_missing_images)]
+        check_unique_names(file_views, path)
         check_cameras(file_views, path)
         views += file_views
         if meta.get("ply_file_path"):
@@ -189,7 +190,7 @@ def read_transforms(root: str | Path, skip_missing_images: bool = False) -> Scen
     if ply is not None:
         if not ply.is_file():
             raise DataError(f"{ply}: ply_file_path names a file that is missing")
-        points, colors = _read_ply_points(ply)
+        points, colors = finite_points(*_read_ply_points(ply), ply)
     else:
         points, colors = np.zeros((0, 3)), np.zeros((0, 3), np.uint8)
     return Scene(views, points, colors, root)

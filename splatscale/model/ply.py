@@ -7,7 +7,7 @@ from typing import Iterable
 
 import numpy as np
 import torch
-from plyfile import PlyData
+from plyfile import PlyData, PlyElement
 
 from splatscale.atomic import atomic_path
 from splatscale.errors import DataError
@@ -21,9 +21,22 @@ def ply_properties(sh_coefficients: int = SH_REST) -> list[str]:
     return BASE + [f"f_rest_{i}" for i in range(3 * sh_coefficients)] + TAIL
 
 
-def write_ply(model: GaussianModel, path: str | Path) -> None:
-    """Write ``model`` in the INRIA layout (f_rest channel-major, logit opacity, log scales)."""
-    write_ply_parts([model], len(model), path)
+def write_ply(model: GaussianModel, path: str | Path,
+              extras: np.ndarray | None = None) -> None:
+    """Write ``model`` in the INRIA layout (f_rest channel-major, logit opacity, log scales),
+    and the per-Gaussian properties ``extras`` (a structured array, ``read_extras``) after."""
+    if extras is None or not extras.dtype.names:
+        write_ply_parts([model], len(model), path)
+        return
+    records = _records(model)
+    rows = np.empty(len(model), dtype=[(name, "<f4") for name in ply_properties()]
+                    + [(name, extras.dtype[name].str) for name in extras.dtype.names])
+    for i, name in enumerate(ply_properties()):
+        rows[name] = records[:, i]
+    for name in extras.dtype.names:
+        rows[name] = extras[name]
+    with atomic_path(path) as tmp:
+        PlyData([PlyElement.describe(rows, "vertex")]).write(str(tmp))
 
 
 def write_ply_parts(parts: Iterable[GaussianModel], count: int, path: str | Path) -> None:
@@ -74,6 +87,15 @@ def read_ply(path: str | Path, dtype: torch.dtype = torch.float32) -> GaussianMo
         raise DataError(f"{path}: {len(bad)} of {len(model)} Gaussians have NaN or infinite "
                         f"values (rows {rows})")
     return model
+
+
+def read_extras(path: str | Path) -> np.ndarray:
+    """The vertex properties of a model file that are not the INRIA layout's (a
+    trainer's own per-Gaussian values), as a structured array; read after ``read_ply``."""
+    data = PlyData.read(str(path))["vertex"].data
+    known = set(BASE + TAIL) | {n for n in data.dtype.names if n.startswith("f_rest_")}
+    extra = [name for name in data.dtype.names if name not in known]
+    return data[extra] if extra else np.empty(len(data), dtype=[])
 
 
 def _model_of(vertex, path: Path, dtype: torch.dtype) -> GaussianModel:

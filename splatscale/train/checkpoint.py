@@ -29,9 +29,14 @@ KEYS = {"trainer": ("images_seen", "steps", "sh_degree", "train_seconds", "order
 
 
 def _save(state: dict, path: Path) -> None:
-    # Through a file object, a full disk is an OSError (a path gives torch's RuntimeError).
     with atomic_path(path) as tmp, open(tmp, "wb") as handle:
-        torch.save(state, handle)
+        try:
+            torch.save(state, handle)
+        except RuntimeError as error:
+            # torch's writer reports a failed write (a full disk) as its own error.
+            if isinstance(error.__context__, OSError):
+                raise error.__context__ from None
+            raise
 
 
 def save_checkpoint(path: Path, trainer_state: dict, engine_state: dict,
