@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
+from splatscale import launch
 from splatscale.errors import run_reported
+from splatscale.threads import usable_cores
 
 TRAIN_HELP = """Train a 3DGS model. --iterations counts images seen, as Grendel does:
 a batch of B views makes N/B steps, so changing B keeps the training budget
@@ -16,6 +19,8 @@ a batch of B views makes N/B steps, so changing B keeps the training budget
 
 # numba refuses more threads than it started with (NUMBA_NUM_THREADS, default: the cores).
 MAX_THREADS = int(os.environ.get("NUMBA_NUM_THREADS") or os.cpu_count() or 1)
+# Local ranks share the machine's cores: more ranks than cores only contend for them.
+MAX_LOCAL_RANKS = usable_cores()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,20 +100,25 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--densify-until", type=_integer(0), default=None,
                        help="images after which densification stops (default 15000)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
-    train.add_argument("--nproc", type=_integer(1), default=1,
-                       help="train with N local ranks (Grendel), each with cores/N threads; "
-                            "or start the command under torchrun")
+    train.add_argument("--nproc", type=_integer(1, MAX_LOCAL_RANKS), default=1,
+                       help="train with N local ranks (Grendel), each with cores/N threads, "
+                            f"N at most the cores this process may use ({MAX_LOCAL_RANKS} "
+                            "here); or start the command under torchrun")
+    train.add_argument("--join-timeout", type=_positive_float, default=120.0,
+                       help="seconds the ranks wait for each other to join (default 120)")
     train.add_argument("--offload", action="store_true",
                        help="keep the Gaussians and optimiser state in host memory, the "
                             "device holding 44 bytes per Gaussian and each step's visible "
                             "ones (GS-Scale); with --nproc, each rank offloads its shard")
-    train.add_argument("--forwarding", dest="forwarding", action="store_true", default=None,
-                       help="with --offload: run the host update of each step beside the "
-                            "device's next step (default on a GPU; on a CPU the two share "
-                            "the cores and it is off)")
-    train.add_argument("--no-forwarding", dest="forwarding", action="store_false",
-                       help="with --offload: run the host update after each step (the "
-                            "same results)")
+    forwarding = train.add_mutually_exclusive_group()
+    forwarding.add_argument("--forwarding", dest="forwarding", action="store_true",
+                            default=None,
+                            help="with --offload: run the host update of each step beside "
+                                 "the device's next step (default on a GPU; on a CPU the two "
+                                 "share the cores and it is off)")
+    forwarding.add_argument("--no-forwarding", dest="forwarding", action="store_false",
+                            help="with --offload: run the host update after each step (the "
+                                 "same results)")
     train.add_argument("--balance", choices=("cost", "uniform"), default="cost",
                        help="how ranks share a batch's pixel rows: equal estimated cost "
                             "(default) or equal row counts")
@@ -143,16 +153,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # what --nproc's ranks run
+    # torch's C++ side logs a failed connection or a closed peer as it raises it; the
+    # Python error that follows is reported in one line (read before torch loads).
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        # Until training takes it over, SIGTERM stops quietly, as Ctrl-C does.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
     return run_reported(lambda: _run(args))
 
 
 def _run(args: argparse.Namespace) -> int:
+    launch.as_launched_rank()
     # Imported here, inside main's handlers: Ctrl-C while torch loads is a clean exit too.
     from splatscale import commands
+    from splatscale.threads import use_threads
 
     if getattr(args, "threads", None):
-        commands.use_threads(args.threads)
+        use_threads(args.threads)
     return getattr(commands, args.command)(args) or 0
 
 

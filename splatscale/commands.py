@@ -4,26 +4,29 @@ from __future__ import annotations
 
 import json
 from argparse import Namespace
-from contextlib import nullcontext
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
-import numba
 import torch
 
 from splatscale.atomic import write_json
 from splatscale.data import load_scene
 from splatscale.demo import demo_scene
 from splatscale.data.images import ImageStore, write_png
+from splatscale.data.scene import Scene
 from splatscale.engine.distributed import DistributedEngine, group, shard_of
 from splatscale.engine.distributed.cost_model import RowCost
 from splatscale.engine.local import LocalEngine
 from splatscale.engine.offload import OffloadEngine
 from splatscale.engine.offload.sharded import OffloadedShardEngine
-from splatscale.errors import SplatscaleError, run_reported
-from splatscale.messages import muted, notice
+from splatscale import launch
+from splatscale.errors import SplatscaleError
+from splatscale.messages import held, muted, notice
+from splatscale.threads import use_threads
 from splatscale.model.gaussians import GaussianModel
-from splatscale.model.ply import read_ply, write_ply, write_splat
+from splatscale.model.ply import read_extras, read_ply, write_ply, write_splat
 from splatscale.render import cuda_backend, render as render_view
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
@@ -44,11 +47,18 @@ def _store(args: Namespace, scene, white_background: bool = False) -> ImageStore
     return ImageStore(scene, args.resolution, args.max_width, args.cache_dir, background)
 
 
-def _check_device(args: Namespace) -> None:
+def _check_flags(args: Namespace) -> None:
+    """Combinations of flags that argparse alone does not refuse."""
+    if args.forwarding is not None and not args.offload:
+        flag = "--forwarding" if args.forwarding else "--no-forwarding"
+        raise SplatscaleError(f"{flag}: only with --offload")
+
+
+def _check_device(args: Namespace, ranks: group.Ranks | None) -> None:
     """--device cuda: one process, a GPU torch can see, gsplat's kernels built."""
     if args.device == "cpu":
         return
-    if args.nproc > 1 or group.from_environment() is not None:
+    if args.nproc > 1 or ranks is not None:
         raise SplatscaleError("--device cuda with several ranks: distributed training runs "
                               "on CPU ranks for now (its exchange goes over gloo in host "
                               "memory); train on one GPU, or drop --device cuda")
@@ -89,36 +99,44 @@ def _resumed_config(args: Namespace, checkpoint: Path) -> TrainConfig:
     return config
 
 
-def train(args: Namespace) -> None:
-    """Check everything that can be checked, then take the folder and train (with
-    ``--nproc N``: check here, then train in N spawned local ranks)."""
-    _check_device(args)
+class Inputs(NamedTuple):
+    """What a training run reads, each part checked."""
+
+    folder: RunFolder
+    config: TrainConfig
+    scene: Scene
+    store: ImageStore
+
+
+def train(args: Namespace) -> int | None:
+    """Check every input, then train. A refused run changes nothing in the output
+    folder: every check runs first (on every rank, which then agree), and the folder
+    is written only after all have passed. With ``--nproc N`` this process checks what
+    needs no rank (the flags, the folder and its lock, the scene, the images' headers)
+    and holds the lock while N local ranks, each this command, train."""
     ranks = group.from_environment()
+    _check_flags(args)
+    _check_device(args, ranks)
     if args.nproc > 1 and ranks is None:
-        with muted():  # bad input is reported once, before ranks start; notices by rank 0
-            _checked_inputs(args)[3].check()
-        group.spawn(partial(_train_rank, args), args.nproc)
-        return
+        return _launch(args)
     _share_cores(args, ranks)
-    _train(args, ranks)
+    _train(args, ranks, holds_lock=launch.launched())
+    return None
 
 
-def _checked_inputs(args: Namespace) -> tuple[RunFolder, TrainConfig, object, ImageStore]:
-    if args.forwarding is not None and not args.offload:
-        flag = "--forwarding" if args.forwarding else "--no-forwarding"
-        raise SplatscaleError(f"{flag}: only with --offload")
+def _launch(args: Namespace) -> int:
+    with RunFolder(args.output).lock():
+        with muted():  # bad input is reported once, before ranks start; notices by rank 0
+            _checked_inputs(args).store.check(decode=False)
+        return launch.spawn(args.argv, args.nproc)
+
+
+def _checked_inputs(args: Namespace) -> Inputs:
     folder = RunFolder(args.output)
     folder.check(args.resume, args.overwrite)
     config = _resumed_config(args, folder.checkpoint) if args.resume else _new_config(args)
     scene = _scene(args)
-    return folder, config, scene, _store(args, scene, config.white_background)
-
-
-def _train_rank(args: Namespace) -> int:
-    """One spawned rank: like a rank started by torchrun."""
-    ranks = group.from_environment()
-    _share_cores(args, ranks)
-    return run_reported(partial(_train, args, ranks))
+    return Inputs(folder, config, scene, _store(args, scene, config.white_background))
 
 
 def _share_cores(args: Namespace, ranks: group.Ranks | None) -> None:
@@ -127,42 +145,47 @@ def _share_cores(args: Namespace, ranks: group.Ranks | None) -> None:
         use_threads(group.threads_per_rank(ranks.local_world))
 
 
-def use_threads(threads: int) -> None:
-    """Compute threads for torch and the numba kernels alike."""
-    torch.set_num_threads(threads)
-    numba.set_num_threads(threads)
-
-
-def _train(args: Namespace, ranks: group.Ranks | None) -> None:
-    try:
-        folder, config, scene, store = _checked_inputs(args)
-        writes = ranks is None or ranks.rank == 0
-        options = RunOptions(args.output, args.eval, args.eval_every, list(args.save_at),
-                             args.checkpoint_every, progress=writes and not args.quiet,
-                             writes=writes)
-        make_engine = _single_engine(args)
+def _train(args: Namespace, ranks: group.Ranks | None, holds_lock: bool = False) -> None:
+    """Check everything (every rank, then agree), then write and train."""
+    writes = ranks is None or ranks.rank == 0
+    with ExitStack() as resources:
         if ranks is not None:
-            group.join(ranks)
-            make_engine = partial(_distributed_engine, ranks, args)
-        trainer = Trainer(scene, store, config, options, make_engine=make_engine)
-        with folder.lock() if writes else nullcontext():
-            if args.resume:
-                trainer.resume(folder.checkpoint)
-                if writes:
-                    folder.truncate_metrics(trainer.images_seen)
-            elif writes:
-                folder.clear_previous_run()
-            if writes:
-                write_json(args.output / "config.json", {
-                    **config.to_dict(), "data": str(scene.source), "eval": args.eval,
-                    "resolution": args.resolution, "max_width": args.max_width,
-                    "world_size": ranks.world if ranks else 1})
-            report = trainer.run()
+            resources.callback(group.leave)
+            group.join(ranks, args.join_timeout)
+
+        def prepare() -> tuple[Trainer, dict]:
+            if writes and not holds_lock:
+                resources.enter_context(RunFolder(args.output).lock())
+            return _prepared(args, ranks, writes)
+
+        with held():
+            trainer, record = group.agreed(prepare, ranks)
         if writes:
-            print(json.dumps(report))
-    finally:
-        if ranks is not None:
-            group.leave()
+            RunFolder(args.output).begin(trainer.images_seen if args.resume else None)
+            write_json(args.output / "config.json", record)
+        report = trainer.run()
+    if writes:
+        print(json.dumps(report))
+
+
+def _prepared(args: Namespace, ranks: group.Ranks | None,
+              writes: bool) -> tuple[Trainer, dict]:
+    """The Trainer, its images decoded and (with --resume) its checkpoint loaded, and
+    the run's config.json; nothing written to the output folder."""
+    inputs = _checked_inputs(args)
+    options = RunOptions(args.output, args.eval, args.eval_every, list(args.save_at),
+                         args.checkpoint_every, progress=writes and not args.quiet,
+                         writes=writes)
+    make_engine = (_single_engine(args) if ranks is None
+                   else partial(_distributed_engine, ranks, args))
+    trainer = Trainer(inputs.scene, inputs.store, inputs.config, options,
+                      make_engine=make_engine)
+    if args.resume:
+        trainer.resume(inputs.folder.checkpoint)
+    record = {**inputs.config.to_dict(), "data": str(inputs.scene.source), "eval": args.eval,
+              "resolution": args.resolution, "max_width": args.max_width,
+              "world_size": ranks.world if ranks else 1}
+    return trainer, record
 
 
 def _fixed_cost(args: Namespace) -> RowCost | None:
@@ -225,15 +248,20 @@ def eval(args: Namespace) -> None:  # noqa: A001 - the command's name
 
 
 def export(args: Namespace) -> None:
-    """Rewrite a model; never over its own input."""
+    """Rewrite a model; never over its own input. A PLY keeps the input's extra vertex
+    properties; a format with no place for them says which it dropped."""
     model = read_ply(args.model)
+    extras = read_extras(args.model)
     output = args.output or args.model.with_suffix(f".{args.format}")
     if output.resolve() == args.model.resolve():
         if args.output is not None:
             raise SplatscaleError(f"-o {output}: is the input model; choose another file")
         output = args.model.with_name(f"{args.model.stem}.exported.ply")
     if args.format == "ply":
-        write_ply(model, output)
+        write_ply(model, output, extras)
     else:
         write_splat(model, output)
+        if extras.dtype.names:
+            notice(f"{output}: the .splat format has no place for {args.model}'s extra "
+                   f"properties, dropped: {', '.join(extras.dtype.names)}")
     print(f"wrote {output}")

@@ -2,18 +2,31 @@
 
 ``run_reported`` prints each as one line, ``splatscale: error: <message>``, and
 returns its ``exit_code``; anything else that escapes is a bug of ours.
+
+With several ranks, one voice: an error every rank meets together (``voice``
+"rank 0": the run diverged, was interrupted, or the ranks did not all join) is
+said by rank 0; an error one rank meets alone is said by that rank, as
+``rank R: <message>``; a rank that stops because another failed says nothing
+and exits with ``QUIET_EXIT``, so that the launcher knows who spoke.
 """
 
+from __future__ import annotations
+
+import os
+import sys
 import traceback
 from typing import Callable
 
-from splatscale.messages import notice
+from splatscale.messages import rank, say
+
+QUIET_EXIT = 3  # a rank that stopped without a word, because another failed or was stopped
 
 
 class SplatscaleError(Exception):
     """Base of the errors the CLI reports as one line, without a traceback."""
 
     exit_code = 2
+    voice = "self"  # who says it among ranks: "self", "rank 0", or "local 0" (one a machine)
 
 
 class DataError(SplatscaleError, ValueError):
@@ -24,31 +37,70 @@ class TrainingDiverged(SplatscaleError):
     """A training step produced a non-finite loss or parameter."""
 
     exit_code = 1
+    voice = "rank 0"
 
 
 class Interrupted(SplatscaleError):
     """Ctrl-C: the run stopped after a step and saved a checkpoint."""
 
     exit_code = 130
+    voice = "rank 0"
+
+
+class StoppedByPeer(Exception):
+    """Another rank failed (and says why); this one stops without a word."""
+
+
+# What gloo says when a peer process has gone or stopped answering.
+_LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "Timed out", "timed out", "Socket closed")
+
+
+def lost_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because another rank stopped."""
+    if isinstance(error, StoppedByPeer):
+        return True
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and isinstance(error, getattr(dist, "DistNetworkError", ())):
+        return True
+    return isinstance(error, RuntimeError) and any(s in str(error) for s in _LOST_PEER)
 
 
 def run_reported(call: Callable[[], int | None]) -> int:
-    """``call()``'s exit status, every failure turned into one line on stderr (printed
-    by rank 0 alone when ranks run together: they all meet the same bad input)."""
+    """``call()``'s exit status, every failure turned into one line on stderr, said
+    by the rank whose failure it is."""
     try:
         return call() or 0
-    except SplatscaleError as error:
-        notice(f"error: {error}")
+    except (Exception, KeyboardInterrupt) as error:  # noqa: BLE001 - each said as it should be
+        return _report(error, rank())
+
+
+def _report(error: BaseException, me: int | None) -> int:
+    if me is not None and lost_peer(error):
+        return QUIET_EXIT
+    prefix = f"rank {me}: " if me is not None else ""
+    if isinstance(error, KeyboardInterrupt):
+        if me in (None, 0):
+            say("interrupted")
+            return 130
+        return QUIET_EXIT
+    if isinstance(error, SplatscaleError):
+        if _speaks(error.voice, me):
+            say(f"error: {'' if error.voice != 'self' else prefix}{error}")
         return error.exit_code
-    except OSError as error:  # the disk, permissions, a path that is a file: the environment
+    if isinstance(error, OSError):  # the disk, permissions, a path that is a file
         where = f"{error.filename}: " if error.filename else ""
-        notice(f"error: {where}{error.strerror or error}")
+        say(f"error: {prefix}{where}{error.strerror or error}")
         return 2
-    except KeyboardInterrupt:
-        notice("interrupted")
-        return 130
-    except Exception:  # noqa: BLE001 - anything else is our bug: say so, keep the traceback
-        traceback.print_exc()
-        notice("internal error: this is a bug in splatscale, not in your input; "
-            "please report it with the traceback above")
-        return 1
+    traceback.print_exc()  # anything else is our bug: say so, keep the traceback
+    say(f"internal error: {prefix}this is a bug in splatscale, not in your input; "
+        "please report it with the traceback above")
+    return 1
+
+
+def _speaks(voice: str, me: int | None) -> bool:
+    if me is None or voice == "self":
+        return True
+    if voice == "local 0":
+        return os.environ.get("LOCAL_RANK", "0") == "0"
+    return me == 0

@@ -4,6 +4,7 @@ traceback, and nothing already in the output folder damaged."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import shutil
 import signal
@@ -29,9 +30,16 @@ def run_cli(*args: str, **options) -> subprocess.CompletedProcess:
                           text=True, timeout=300, **options)
 
 
+def on_a_terminal(stderr: str) -> list[str]:
+    """The lines a terminal shows of ``stderr``: a progress bar that was cleared (with
+    carriage returns) is gone."""
+    shown = (line.rsplit("\r", 1)[-1] for line in stderr.split("\n"))
+    return [line for line in shown if line.strip()]
+
+
 def assert_clean_error(code: int, stderr: str, *fragments: str) -> None:
     assert code == 2, stderr
-    lines = [line for line in stderr.splitlines() if line.strip()]
+    lines = on_a_terminal(stderr)
     assert len(lines) == 1 and "Traceback" not in stderr, stderr
     assert lines[0].startswith("splatscale: error: "), lines[0]
     for fragment in fragments:
@@ -273,22 +281,43 @@ def test_output_that_is_a_file(tmp_path, capsys):
     assert target.read_text() == "a file"
 
 
-def test_a_write_that_fails_names_the_file(tmp_path):
-    """A file size limit stands in for a full disk: the model, the first file past the
-    limit, cannot be written. A first run here writes the demo's images and the
-    kernels' cache, which the limited run then only reads."""
+@pytest.mark.parametrize("limit, victim", [(50_000, "point_cloud.ply"),
+                                           (150_000, "checkpoint.pt")])
+def test_a_write_that_fails_names_the_file(tmp_path, limit, victim):
+    """A file size limit stands in for a full disk: the first file past the limit (the
+    model, ~92 kB; the checkpoint, ~290 kB) cannot be written. A first run here writes
+    the demo's images and the kernels' cache, which the limited run then only reads."""
     cache = ["--cache-dir", str(tmp_path / "cache")]
     assert main(["train", "-o", str(tmp_path / "warm"), "--iterations", "2", "--quiet", *cache]) == 0
 
     def limit_file_size():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write rather than kill
-        resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
     out = tmp_path / "out"
     result = run_cli("train", "-o", str(out), "--iterations", "2", "--quiet", *cache,
                      preexec_fn=limit_file_size)
-    assert_clean_error(result.returncode, result.stderr, str(out / "point_cloud.ply"),
-                       "File too large")
+    assert_clean_error(result.returncode, result.stderr, str(out / victim), "File too large")
+
+
+def test_output_files_follow_the_umask(tmp_path):
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    out = tmp_path / "out"
+    result = run_cli("train", "-o", str(out), "--iterations", "20", "--quiet", *cache,
+                     "--checkpoint-every", "10", preexec_fn=lambda: os.umask(0o027))
+    assert result.returncode == 0, result.stderr
+    result = run_cli("train", "-o", str(out), "--iterations", "30", "--quiet", *cache,
+                     "--resume", preexec_fn=lambda: os.umask(0o027))
+    assert result.returncode == 0, result.stderr
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir() if p.is_file()}
+    assert set(modes.values()) == {0o640}, modes
+
+
+def test_iterations_that_are_no_multiple_of_the_batch_say_what_is_trained(tmp_path, capsys):
+    assert main(["train", "-o", str(tmp_path / "out"), "--iterations", "10", "--batch-size", "4",
+                 "--quiet", "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert ("--iterations 10 is not a multiple of --batch-size 4: the run trains on 12 images"
+            in capsys.readouterr().err)
 
 
 def test_a_bug_says_it_is_one(monkeypatch, tmp_path, capsys):
@@ -298,3 +327,40 @@ def test_a_bug_says_it_is_one(monkeypatch, tmp_path, capsys):
     assert main(["export", str(tmp_path / "m.ply"), "--format", "splat"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "this is a bug in splatscale" in err
+
+
+def test_an_image_listed_twice_is_refused(small_colmap, output):
+    """COLMAP's text model with image 1 listed again, as image 98, at another pose."""
+    import pycolmap
+
+    sparse = small_colmap / "sparse" / "0"
+    pycolmap.Reconstruction(str(sparse)).write_text(str(sparse))
+    for binary in sparse.glob("*.bin"):
+        binary.unlink()
+    for name, prefix, replace in (("images.txt", "1 ", {0: "98", 5: "0.5"}),
+                                  ("frames.txt", "1 1 ", {0: "98", 2: "0.5", -1: "98"})):
+        lines = (sparse / name).read_text().split("\n")[:-1]  # each line ends with one
+        fields = next(line for line in lines if line.startswith(prefix)).split()
+        for index, value in replace.items():
+            fields[index] = value
+        extra = [" ".join(fields), ""] if name == "images.txt" else [" ".join(fields)]
+        (sparse / name).write_text("\n".join(lines + extra) + "\n")
+    image = sorted((small_colmap / "images").iterdir())[0].name
+    result = run_cli("train", str(small_colmap), "-o", str(output), "--overwrite")
+    assert_clean_error(result.returncode, result.stderr, f"image {image} is listed twice")
+    assert_untouched(output)
+
+
+def test_points_that_are_not_finite_are_dropped_saying_how_many(small_colmap, capsys):
+    import pycolmap
+
+    from splatscale.data.colmap import read_colmap
+
+    sparse = small_colmap / "sparse" / "0"
+    recon = pycolmap.Reconstruction(str(sparse))
+    first = min(recon.points3D)
+    recon.points3D[first].xyz = np.array([np.nan, 0.0, 0.0])
+    recon.write(str(sparse))
+    scene = read_colmap(small_colmap)
+    assert np.isfinite(scene.points).all() and len(scene.points) == len(recon.points3D) - 1
+    assert f"dropped 1 of {len(recon.points3D)} points with NaN" in capsys.readouterr().err

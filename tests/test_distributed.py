@@ -195,7 +195,7 @@ def children_of(pid: int) -> list[int]:
             command = (entry / "cmdline").read_bytes()
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == pid and b"spawn_main" in command:
+        if ppid == pid and b"splatscale" in command:
             found.append(int(entry.name))
     return found
 
@@ -217,5 +217,6 @@ def test_a_killed_rank_stops_the_run_naming_it(tmp_path):
     _, err = process.communicate(timeout=90)
     assert time.monotonic() - killed < 60
     assert process.returncode == 2 and "Traceback" not in err, err
-    assert re.search(r"rank \d of 2 exited with status -9; the other ranks were stopped", err)
+    assert re.search(r"^splatscale: error: rank \d of 2 was killed by SIGKILL; the other ranks "
+                     r"were stopped$", err.strip()), err
     assert not (out / "checkpoint.pt").exists(), "no torn or partial checkpoint"

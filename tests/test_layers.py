@@ -9,7 +9,7 @@ import splatscale
 
 # Bottom to top; a module may import its own layer and those below it.
 LAYERS = [
-    {"errors", "atomic", "messages", "allocator"},
+    {"errors", "atomic", "messages", "allocator", "threads", "launch"},
     {"data"},
     {"model"},
     {"render"},

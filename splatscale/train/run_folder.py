@@ -2,8 +2,10 @@
 
 A folder holding a previous run is only replaced when asked (``--overwrite``)
 or continued (``--resume``); one run at a time writes there (a lock file
-naming the process); temporaries left by a killed run are removed; on resume
-``metrics.jsonl`` is cut back to the checkpoint, so no step is logged twice.
+naming the process); nothing in it changes before ``begin``, which the run
+calls once every input has been checked; then temporaries left by a killed run
+are removed and, on resume, ``metrics.jsonl`` is cut back to the checkpoint, so
+no step is logged twice.
 """
 
 from __future__ import annotations
@@ -50,8 +52,6 @@ class RunFolder:
 
     def check(self, resume: bool, overwrite: bool) -> None:
         """Refuse, before anything is written, what would damage the folder's contents."""
-        if self.path.exists() and not self.path.is_dir():
-            raise SplatscaleError(f"{self.path}: exists and is not a folder")
         if resume and overwrite:
             raise SplatscaleError("--resume and --overwrite: choose one")
         if resume and not self.checkpoint.is_file():
@@ -64,13 +64,35 @@ class RunFolder:
 
     @contextmanager
     def lock(self) -> Iterator[None]:
-        """Hold the folder's lock while the run writes; take over a dead process' lock."""
+        """Hold the folder's lock while the run checks its inputs and writes; take over a
+        dead process' lock. Folders made for the lock are removed again if the run left
+        nothing in them (it was refused)."""
+        made = self._make_folders()
+        try:
+            with self._locked():
+                yield
+        finally:
+            for folder in reversed(made):
+                try:
+                    folder.rmdir()
+                except OSError:  # the run wrote there: it stays
+                    break
+
+    def _make_folders(self) -> list[Path]:
+        """Make the folder and its missing parents; those it made, outermost first."""
+        if self.path.exists() and not self.path.is_dir():
+            raise SplatscaleError(f"{self.path}: exists and is not a folder")
+        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
         self.path.mkdir(parents=True, exist_ok=True)
+        return missing[::-1]
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
         path = self.path / LOCK_NAME
         taken_over = False
         while True:
             try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
                 break
             except FileExistsError:
                 owner = _lock_owner(path)
@@ -85,10 +107,19 @@ class RunFolder:
         with os.fdopen(fd, "w") as handle:
             handle.write(f"{os.getpid()} {socket.gethostname()}\n")
         try:
-            self._remove_temporaries()
             yield
         finally:
             path.unlink(missing_ok=True)
+
+    def begin(self, resume_at: int | None) -> None:
+        """The run has passed every check: from here it writes. Remove a killed run's
+        half-written files, then cut the log back to the checkpoint resumed at image
+        ``resume_at``, or (a new run) remove an earlier run's files."""
+        self._remove_temporaries()
+        if resume_at is None:
+            self.clear_previous_run()
+        else:
+            self.truncate_metrics(resume_at)
 
     def _remove_temporaries(self) -> None:
         """Half-written files of a killed run (``atomic_path`` names them ``.NAME.*.tmp``)."""

@@ -23,6 +23,7 @@ from splatscale.engine import Engine, TrainView
 from splatscale.engine.local import LocalEngine
 from splatscale.errors import DataError, Interrupted, TrainingDiverged
 from splatscale.messages import notice
+from splatscale.threads import threading_layer
 from splatscale.model import GaussianModel, init_from_points
 from splatscale.model.init import random_points_in_view
 from splatscale.model.ply import write_ply_parts
@@ -70,7 +71,15 @@ class Trainer:
         self.train_ids, self.test_ids = scene.split(options.eval_split)
         if not self.train_ids:
             raise DataError(f"{scene.source}: no training views")
-        store.check()
+        if config.batch_size > len(self.train_ids):
+            raise DataError(f"--batch-size {config.batch_size}: {scene.source} has "
+                            f"{len(self.train_ids)} training views, and a batch holds "
+                            "distinct views")
+        trained = math.ceil(config.iterations / config.batch_size) * config.batch_size
+        if trained != config.iterations:
+            notice(f"--iterations {config.iterations} is not a multiple of --batch-size "
+                   f"{config.batch_size}: the run trains on {trained} images")
+        store.check(progress=options.progress)
         self.scene_fingerprint = store.fingerprint()  # of the scene as the run found it
         self.extent = scene.camera_extent(self.train_ids)  # 3DGS: training cameras only
         white = config.white_background or scene.background == (1.0, 1.0, 1.0)
@@ -137,14 +146,15 @@ class Trainer:
     def run(self) -> dict:
         """Train to the configured number of images, then write the final outputs.
 
-        Ctrl-C finishes the current step, saves a checkpoint and raises Interrupted.
+        Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and raises
+        Interrupted.
         """
         o, c = self.options, self.config
         total_steps = math.ceil(c.iterations / c.batch_size)
         bar = tqdm(total=total_steps, initial=self.steps, disable=not o.progress,
                    unit="step", dynamic_ncols=True)
         log_path = o.output / "metrics.jsonl"
-        with _ctrl_c_after_step() as interrupted:
+        with _stop_after_step() as interrupted:
             while self.steps < total_steps:
                 before = self.images_seen
                 start = time.perf_counter()
@@ -202,6 +212,7 @@ class Trainer:
             "iterations_per_second": self.steps / max(self.train_seconds, 1e-9),
             "wall_seconds": self.train_seconds,
             "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "threading_layer": threading_layer(),
         }
         if self.test_ids:
             report["test"] = self.evaluate(render_dir=o.output / "renders" / "test")
@@ -275,26 +286,34 @@ class Trainer:
         self.checkpoint_images = self.images_seen
 
 
+# A second stop signal this soon after the first is the same request arriving by
+# another path (a terminal's Ctrl-C reaches torchrun's ranks, then its SIGTERM does).
+REPEAT_WINDOW = 1.0  # seconds
+
+
 @contextmanager
-def _ctrl_c_after_step() -> Iterator[Callable[[], bool]]:
-    """Yield a function telling whether Ctrl-C was pressed; the loop checks it after
-    each step. A second Ctrl-C interrupts at once."""
+def _stop_after_step() -> Iterator[Callable[[], bool]]:
+    """Yield a function telling whether SIGINT (Ctrl-C) or SIGTERM (``kill``, ``timeout``,
+    Slurm) arrived; the loop checks it after each step. A second one, later than
+    ``REPEAT_WINDOW`` after the first, interrupts at once."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: False  # signal handlers can only be set from the main thread
         return
-    pressed = []
+    first: list[float] = []
 
-    def on_ctrl_c(signum, frame) -> None:
-        if pressed:
+    def on_signal(signum, frame) -> None:
+        if first and time.monotonic() - first[0] > REPEAT_WINDOW:
             raise KeyboardInterrupt
-        pressed.append(signum)
-        notice("finishing this step to save a checkpoint (Ctrl-C again to stop at once)")
+        if not first:
+            first.append(time.monotonic())
+            notice("finishing this step to save a checkpoint (Ctrl-C again to stop at once)")
 
-    previous = signal.signal(signal.SIGINT, on_ctrl_c)
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield lambda: bool(pressed)
+        yield lambda: bool(first)
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def _append_jsonl(path: Path, entry: dict) -> None:

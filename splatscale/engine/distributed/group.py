@@ -1,51 +1,136 @@
 """The process group: joined from torchrun's environment, or made by spawning local ranks.
 
 torchrun (and Slurm through it) sets RANK, WORLD_SIZE, LOCAL_RANK,
-LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; ``spawn`` sets the same for N
-processes on this machine, so both paths join the group the same way. The
-backend is gloo on the CPU (NCCL once the CUDA backend exists). Collectives
-time out, so a rank that dies makes the others fail rather than hang.
+LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; ``--nproc``'s launcher
+(``splatscale.launch``) sets the same for N processes on this machine, so both
+paths join the group the same way. They are input, checked as any flag is. The
+backend is gloo (the exchange runs in host memory). Collectives time out, so a
+rank that dies makes the others fail rather than hang.
 """
 
 from __future__ import annotations
 
 import os
-import socket
-import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable
+from typing import Callable, TypeVar
 
+import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from splatscale.errors import SplatscaleError
+from splatscale.errors import SplatscaleError, StoppedByPeer
+from splatscale.threads import usable_cores
 
-TIMEOUT = timedelta(seconds=60)
+TIMEOUT = timedelta(seconds=60)  # of one collective: a rank that stops answering
+JOIN_TIMEOUT = 120.0             # seconds for every rank to arrive, by default
+T = TypeVar("T")
+
+
+class JoinError(SplatscaleError):
+    """The ranks did not all arrive: every rank that waited meets it."""
+
+    voice = "rank 0"
+
+
+class UnreachableError(SplatscaleError):
+    """Rank 0 cannot be reached: said once per machine."""
+
+    voice = "local 0"
 
 
 @dataclass(frozen=True)
 class Ranks:
     rank: int
     world: int
+    local_rank: int
     local_world: int
+    address: str = "127.0.0.1"
+    port: int = 29500
 
 
 def from_environment() -> Ranks | None:
-    """This process' place in a group started by torchrun or ``spawn``; None alone."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
+    """This process' place in a group started by torchrun or ``spawn``; None alone.
+    A variable that is missing or wrong is refused, naming it."""
+    if "WORLD_SIZE" not in os.environ:
         return None
-    return Ranks(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    world = _variable("WORLD_SIZE", 1)
+    if world == 1:
+        return None
+    rank = _variable("RANK", 0, world - 1, world)
+    local_world = _variable("LOCAL_WORLD_SIZE", 1, world, world, default=world)
+    local_rank = _variable("LOCAL_RANK", 0, local_world - 1, world, default=rank % local_world)
+    address = os.environ.get("MASTER_ADDR", "").strip()
+    if not address:
+        raise SplatscaleError(_unset("MASTER_ADDR", world))
+    return Ranks(rank, world, local_rank, local_world, address,
+                 _variable("MASTER_PORT", 1, 65535, world))
 
 
-def join(ranks: Ranks) -> None:
-    """Join the group; returns when every rank has joined, so what each did before
-    (checking the output folder) is done before any rank goes on (writing to it)."""
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=ranks.rank, world_size=ranks.world,
-                                timeout=TIMEOUT)
-    dist.barrier()
+def _variable(name: str, low: int, high: int | None = None, world: int | None = None,
+              default: int | None = None) -> int:
+    text = os.environ.get(name)
+    if text is None or not text.strip():
+        if default is not None:
+            return default
+        raise SplatscaleError(_unset(name, world))
+    try:
+        value = int(text)
+    except ValueError:
+        raise SplatscaleError(f"environment variable {name}={text!r}: not an integer") from None
+    if value < low or (high is not None and value > high):
+        bounds = f"at least {low}" if high is None else f"between {low} and {high}"
+        raise SplatscaleError(f"environment variable {name}={value}: must be {bounds}")
+    return value
+
+
+def _unset(name: str, world: int | None) -> str:
+    return (f"environment variable {name} is not set, but WORLD_SIZE={world} is: each of "
+            "the ranks needs RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (torchrun sets "
+            "them; or train with --nproc N on one machine)")
+
+
+def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT) -> None:
+    """Meet every rank at MASTER_ADDR:MASTER_PORT within ``timeout`` seconds, then form
+    the group; a rank that does not arrive is reported as a count, not a traceback."""
+    if dist.is_initialized():
+        return
+    store = _store(ranks, timeout)
+    store.add("joined", 1)
+    deadline = time.monotonic() + timeout
+    while (joined := store.add("joined", 0)) < ranks.world:
+        if time.monotonic() > deadline:
+            raise JoinError(f"{joined} of {ranks.world} ranks joined at {ranks.address}:"
+                            f"{ranks.port} within {timeout:g} s; check that every rank was "
+                            f"started (WORLD_SIZE={ranks.world}) and can reach that address, "
+                            "or wait longer with --join-timeout")
+        time.sleep(0.05)
+    store.set_timeout(TIMEOUT)
+    dist.init_process_group("gloo", store=store, rank=ranks.rank, world_size=ranks.world,
+                            timeout=TIMEOUT)
+
+
+def _store(ranks: Ranks, timeout: float) -> dist.Store:
+    """The rendezvous store: hosted by rank 0, unless torchrun's agent hosts it."""
+    hosts = ranks.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    try:
+        store = dist.TCPStore(ranks.address, ranks.port, ranks.world, is_master=hosts,
+                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
+    except RuntimeError as error:  # torch's DistNetworkError and DistStoreError
+        if hosts:
+            raise SplatscaleError(f"MASTER_ADDR:MASTER_PORT={ranks.address}:{ranks.port}: "
+                                  f"rank 0 cannot listen there ({_first_line(error)})") from None
+        raise UnreachableError(f"rank 0 at MASTER_ADDR:MASTER_PORT={ranks.address}:"
+                               f"{ranks.port} did not answer within {timeout:g} s; check that "
+                               "it was started and that this machine can reach it") from None
+    # A store torchrun keeps across restarts of the ranks: each attempt counts afresh.
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"splatscale/{attempt}/", store)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line for line in str(error).splitlines() if line.strip()]
+    return lines[-1].strip() if lines else type(error).__name__
 
 
 def leave() -> None:
@@ -55,32 +140,30 @@ def leave() -> None:
         dist.destroy_process_group()
 
 
-def threads_per_rank(local_world: int) -> int:
-    return max(1, (os.cpu_count() or 1) // local_world)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _child(rank: int, nproc: int, port: int, main: Callable[[], int]) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                      LOCAL_WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
-    code = main()
-    if code:
-        sys.exit(code)
-
-
-def spawn(main: Callable[[], int], nproc: int) -> None:
-    """Run ``main`` in ``nproc`` local ranks; when one fails the others are ended."""
+def agreed(call: Callable[[], T], ranks: Ranks | None) -> T:
+    """``call()`` on every rank, then the ranks compare notes: if any failed, the
+    first of them raises its error (and says it) and every other rank stops without
+    a word. Whatever ``call`` checks has then passed on all ranks, or on none."""
     try:
-        mp.spawn(_child, args=(nproc, _free_port(), main), nprocs=nproc)
-    except mp.ProcessExitedException as failure:
-        raise SplatscaleError(f"rank {failure.error_index} of {nproc} exited with status "
-                              f"{failure.exit_code}; the other ranks were stopped") from None
-    except mp.ProcessRaisedException as failure:
-        raise SplatscaleError(f"rank {failure.error_index} of {nproc} failed: "
-                              f"{str(failure).strip().splitlines()[-1]}") from None
+        result, failure = call(), None
+    except (Exception, KeyboardInterrupt) as error:  # noqa: BLE001 - compared, then raised
+        if ranks is None:
+            raise
+        result, failure = None, error
+    if ranks is None:
+        return result
+    failed = torch.zeros(ranks.world, dtype=torch.int64)
+    failed[ranks.rank] = failure is not None
+    dist.all_reduce(failed)
+    if failure is not None and isinstance(failure, SplatscaleError) and bool(failed.all()):
+        failure.voice = "rank 0"  # every rank met it: said once, as one process says it
+        raise failure
+    if failure is not None and int(failed.nonzero()[0]) == ranks.rank:
+        raise failure
+    if failed.any():
+        raise StoppedByPeer()
+    return result
+
+
+def threads_per_rank(local_world: int) -> int:
+    return max(1, usable_cores() // local_world)

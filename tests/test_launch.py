@@ -1,0 +1,165 @@
+"""Ranks speak with one voice, signals reach every rank, a run whose ranks cannot meet
+says so in one line, and a process that has finished exits."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from splatscale.train.run_folder import LOCK_NAME
+from tests.test_bad_input import assert_clean_error
+from tests.test_distributed import children_of
+from tests.test_refused_runs import snapshot
+
+pytestmark = pytest.mark.skipif(not Path("/proc").is_dir(), reason="watches ranks in /proc")
+
+
+def splatscale(*args: str, **options) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "splatscale", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
+
+
+def finished(process: subprocess.Popen, timeout: float = 180) -> tuple[int, str]:
+    _, err = process.communicate(timeout=timeout)
+    return process.returncode, err
+
+
+def train(out: Path, cache: Path, *flags: str) -> subprocess.Popen:
+    return splatscale("train", "-o", str(out), "--quiet", "--cache-dir", str(cache), *flags)
+
+
+def under_way(out: Path, process: subprocess.Popen) -> None:
+    """Wait for the first log line: every rank is training."""
+    deadline = time.monotonic() + 240
+    while not (out / "metrics.jsonl").is_file():
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+
+def images_saved(out: Path) -> int:
+    return torch.load(out / "checkpoint.pt", weights_only=False)["trainer"]["images_seen"]
+
+
+def resumes(out: Path, cache: Path) -> None:
+    """The checkpoint continues, in one process, for four more images."""
+    saved = images_saved(out)
+    code, err = finished(train(out, cache, "--resume", "--iterations", str(saved + 4)))
+    assert code == 0, err
+    assert json.loads((out / "report.json").read_text())["iterations"] == saved + 4
+
+
+@pytest.fixture(scope="module")
+def two_rank_run(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("two-ranks")
+    code, err = finished(train(base / "run", base / "cache", "--iterations", "20",
+                               "--nproc", "2"))
+    assert code == 0, err
+    return base
+
+
+def test_a_failure_on_rank_1_is_said_by_rank_1_alone(two_rank_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(two_rank_run / "run", run)
+    next(run.glob("checkpoint.pt.*.rank1-of-2")).unlink()
+    before = snapshot(run)
+    code, err = finished(train(run, two_rank_run / "cache", "--resume", "--iterations", "30",
+                               "--nproc", "2"))
+    assert_clean_error(code, err, "error: rank 1: ", "rank1-of-2: a shard of", "unreadable")
+    assert snapshot(run) == before
+
+
+def test_a_held_folder_is_refused_before_any_rank_starts(two_rank_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(two_rank_run / "run", run)
+    (run / LOCK_NAME).write_text(f"{os.getpid()} {socket.gethostname()}\n")
+    before = snapshot(run)
+    process = train(run, two_rank_run / "cache", "--resume", "--nproc", "2")
+    time.sleep(1)
+    assert children_of(process.pid) == [], "no rank is spawned"
+    code, err = finished(process)
+    assert_clean_error(code, err, f"process {os.getpid()}", "is writing here")
+    assert snapshot(run) == before
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_launcher_reaches_every_rank(signum, two_rank_run, tmp_path):
+    """The ranks finish their step, save a checkpoint that resumes, and exit 130."""
+    out = tmp_path / "run"
+    process = train(out, two_rank_run / "cache", "--iterations", "100000",
+                    "--checkpoint-every", "0", "--nproc", "2")
+    under_way(out, process)
+    process.send_signal(signum)
+    code, err = finished(process, timeout=120)
+    assert code == 130, err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and len(lines) == 2, err
+    assert "finishing this step to save a checkpoint" in lines[0]
+    assert "checkpoint.pt saved, --resume continues" in lines[1]
+    resumes(out, two_rank_run / "cache")
+
+
+def test_a_signal_while_ranks_start_stops_them_quietly(two_rank_run, tmp_path):
+    out = tmp_path / "run"
+    process = train(out, two_rank_run / "cache", "--iterations", "100000", "--nproc", "2")
+    deadline = time.monotonic() + 60
+    while len(children_of(process.pid)) < 2:  # the ranks are starting: torch is loading
+        assert time.monotonic() < deadline and process.poll() is None
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    code, err = finished(process, timeout=120)
+    assert code == 130 and err.strip() == "splatscale: interrupted", err
+    assert not out.exists()
+
+
+def test_ranks_whose_launcher_dies_stop_with_a_checkpoint(two_rank_run, tmp_path):
+    out = tmp_path / "run"
+    process = train(out, two_rank_run / "cache", "--iterations", "100000",
+                    "--checkpoint-every", "0", "--nproc", "2")
+    under_way(out, process)
+    ranks = children_of(process.pid)
+    assert len(ranks) == 2, ranks
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 120
+    while any(Path(f"/proc/{pid}").exists() for pid in ranks):
+        assert time.monotonic() < deadline, "the ranks must stop"
+        time.sleep(0.2)
+    assert images_saved(out) > 0
+    (out / LOCK_NAME).unlink()  # the launcher's, left by its kill -9
+    resumes(out, two_rank_run / "cache")
+
+
+def test_a_rank_whose_peers_never_arrive_says_how_many_joined(tmp_path):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environment = dict(os.environ, WORLD_SIZE="2", RANK="0", MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port))
+    code, err = finished(splatscale("train", "-o", str(tmp_path / "run"), "--quiet",
+                                    "--join-timeout", "2", env=environment))
+    assert_clean_error(code, err, "1 of 2 ranks joined at 127.0.0.1:", "within 2 s")
+    assert not (tmp_path / "run").exists()
+
+    environment["RANK"] = "1"  # and no rank 0 to answer
+    code, err = finished(splatscale("train", "-o", str(tmp_path / "run"), "--quiet",
+                                    "--join-timeout", "2", env=environment))
+    assert_clean_error(code, err, "rank 0 at MASTER_ADDR:MASTER_PORT=127.0.0.1:",
+                       "did not answer within 2 s")
+
+
+def test_more_ranks_than_cores_are_refused(tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    code, err = finished(splatscale("train", "-o", str(tmp_path / "run"), "--nproc",
+                                    str(cores + 1)))
+    assert_clean_error(code, err, f"argument --nproc: must be between 1 and {cores}")
