@@ -44,7 +44,7 @@ from splatscale.engine.distributed.partition import partition, tile_row_work
 from splatscale.engine.local import LocalEngine
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project
-from splatscale.render.cpu_kernels import GRAD_WIDTH
+from splatscale.render.compositing_kernels import GRAD_WIDTH
 
 from report import emit
 from scenes import garden_scene, moved_views, snowmiku_init

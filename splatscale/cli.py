@@ -173,7 +173,7 @@ def _run(args: argparse.Namespace) -> int:
 
     if getattr(args, "threads", None):
         use_threads(args.threads)
-    return getattr(commands, args.command)(args) or 0
+    return commands.COMMANDS[args.command](args) or 0
 
 
 if __name__ == "__main__":

@@ -240,7 +240,7 @@ def render(args: Namespace) -> None:
     print(f"{count} renders in {folder}")
 
 
-def eval(args: Namespace) -> None:  # noqa: A001 - the command's name
+def evaluate(args: Namespace) -> None:
     scores = ImageMetrics()
     for _, rgb, target in _views(args):
         scores.add(rgb, target)
@@ -265,3 +265,6 @@ def export(args: Namespace) -> None:
             notice(f"{output}: the .splat format has no place for {args.model}'s extra "
                    f"properties, dropped: {', '.join(extras.dtype.names)}")
     print(f"wrote {output}")
+
+
+COMMANDS = {"train": train, "render": render, "eval": evaluate, "export": export}

@@ -323,7 +323,7 @@ def test_iterations_that_are_no_multiple_of_the_batch_say_what_is_trained(tmp_pa
 def test_a_bug_says_it_is_one(monkeypatch, tmp_path, capsys):
     from splatscale import commands
 
-    monkeypatch.setattr(commands, "export", lambda args: [][1])
+    monkeypatch.setitem(commands.COMMANDS, "export", lambda args: [][1])
     assert main(["export", str(tmp_path / "m.ply"), "--format", "splat"]) == 1
     err = capsys.readouterr().err
     assert "Traceback" in err and "this is a bug in splatscale" in err

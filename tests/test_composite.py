@@ -8,7 +8,7 @@ import torch
 from splatscale.model.gaussians import SH_C0
 from splatscale.render import project, render
 from splatscale.render.binning import bin_tiles
-from splatscale.render.cpu_kernels import ALPHA_MAX, ALPHA_MIN, T_MIN
+from splatscale.render.compositing_kernels import ALPHA_MAX, ALPHA_MIN, T_MIN
 from splatscale.render.rasterize import composite
 from tests.conftest import look_at_camera, random_model
 

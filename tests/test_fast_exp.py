@@ -12,7 +12,7 @@ import math
 import numba as nb
 import numpy as np
 
-from splatscale.render.cpu_kernels import SIGMA_CAP, _exp_neg
+from splatscale.render.compositing_kernels import SIGMA_CAP, _exp_neg
 
 
 @nb.njit(fastmath=True)

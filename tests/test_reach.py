@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from splatscale.render import cpu_kernels
+from splatscale.render import compositing_kernels
 from splatscale.render.binning import bin_tiles
-from splatscale.render.cpu_kernels import BLOCK_H, BLOCK_W, BLOCKS_X
+from splatscale.render.compositing_kernels import BLOCK_H, BLOCK_W, BLOCKS_X
 
 WIDTH, HEIGHT, TILE = 90, 70, 16
 
@@ -93,7 +93,7 @@ def test_blocks_reached_hold_every_block_a_splat_reaches_and_few_more(dtype):
     masks = bins.blocks
     tile_of = torch.repeat_interleave(torch.arange(len(bins.offsets) - 1), bins.offsets.diff())
     let_in = torch.zeros_like(needed)
-    for block in range(cpu_kernels.BLOCKS):
+    for block in range(compositing_kernels.BLOCKS):
         row = tile_of // bins.tiles_x * (TILE // BLOCK_H) + block // BLOCKS_X
         column = tile_of % bins.tiles_x * (TILE // BLOCK_W) + block % BLOCKS_X
         hit = (masks >> block & 1).bool() & (row < needed.shape[1]) & (column < needed.shape[2])

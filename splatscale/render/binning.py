@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from splatscale.render.conventions import ALPHA_MIN, TILE_SIZE
-from splatscale.render.cpu_kernels import BLOCK_H, BLOCK_W, BLOCKS_X
+from splatscale.render.compositing_kernels import BLOCK_H, BLOCK_W, BLOCKS_X
 from splatscale.render.projection_kernels import CHUNK
 
 BLOCK_ROWS = TILE_SIZE // BLOCK_H  # rows of blocks in a row of tiles
@@ -26,7 +26,7 @@ class TileBins:
     image's fixed tile grid, so each tile sees exactly the splats, in exactly
     the order, that a full render gives it. ``splat_ids[offsets[t]:offsets[t+1]]``
     are the splats of band tile t (row-major), nearest first; ``blocks[k]`` has bit i
-    set where splat_ids[k] may reach block i of its tile (``cpu_kernels``' 8x4 blocks).
+    set where splat_ids[k] may reach block i of its tile (``compositing_kernels``' 8x4 blocks).
     """
 
     splat_ids: Tensor   # [I] int64

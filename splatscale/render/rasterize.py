@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from splatscale.render import cpu_kernels, cuda_backend
+from splatscale.render import compositing_kernels, cuda_backend
 from splatscale.render.binning import TileBins, bin_tiles
 from splatscale.render.backend import Backend, backend_for
 from splatscale.render.splats import Splats
@@ -52,12 +52,12 @@ def _kernel_inputs(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tens
                    opacities: Tensor, background: Tensor, bins: TileBins, width: int,
                    rows: tuple[int, int]) -> list:
     """The arguments the forward and backward kernels share, in their order: first the
-    splats packed by intersection (``cpu_kernels.pack``)."""
+    splats packed by intersection (``compositing_kernels.pack``)."""
     splat_ids, offsets = _numpy(bins.splat_ids), _numpy(bins.offsets)
     # From torch, not numpy, so that torch's profiler counts it (bench/memory.py).
-    packed = torch.empty((len(splat_ids), cpu_kernels.PACKED_WIDTH), dtype=opacities.dtype)
+    packed = torch.empty((len(splat_ids), compositing_kernels.PACKED_WIDTH), dtype=opacities.dtype)
     tile_order = balanced_tile_order(np.diff(offsets), numba.get_num_threads())
-    cpu_kernels.pack(splat_ids, _numpy(bins.blocks), offsets, tile_order, _numpy(means2d),
+    compositing_kernels.pack(splat_ids, _numpy(bins.blocks), offsets, tile_order, _numpy(means2d),
                      _numpy(conics), _numpy(opacities), _numpy(colors), _numpy(depths),
                      packed.numpy())
     return [packed.numpy(), _numpy(background), offsets, tile_order, bins.tiles_x,
@@ -78,7 +78,7 @@ class _Composite(torch.autograd.Function):
         last = torch.empty((height, width), dtype=torch.int32)
         inputs = _kernel_inputs(means2d, conics, colors, depths, opacities, background, bins,
                                 width, rows)
-        cpu_kernels.forward(*inputs, rgb.numpy(), depth_sum.numpy(), final_T.numpy(),
+        compositing_kernels.forward(*inputs, rgb.numpy(), depth_sum.numpy(), final_T.numpy(),
                             last.numpy())
         # The backward kernel takes the same inputs (the packed splats are a copy, whose
         # block masks the forward narrowed to the blocks each splat changed).
@@ -91,13 +91,13 @@ class _Composite(torch.autograd.Function):
         means2d, background, final_T, last = ctx.saved_tensors
         splat_ids = _numpy(ctx.splat_ids)
         # Buffers from torch, not numpy, so that torch's profiler counts them.
-        isect_grads = torch.empty((len(splat_ids), cpu_kernels.GRAD_WIDTH), dtype=means2d.dtype)
-        cpu_kernels.backward(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
+        isect_grads = torch.empty((len(splat_ids), compositing_kernels.GRAD_WIDTH), dtype=means2d.dtype)
+        compositing_kernels.backward(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
                              _numpy(v_depth_sum), _numpy(v_alpha), isect_grads.numpy())
-        grads = torch.zeros((means2d.shape[0], cpu_kernels.GRAD_WIDTH), dtype=means2d.dtype)
-        cpu_kernels.sum_per_splat(splat_ids, isect_grads.numpy(), grads.numpy(),
+        grads = torch.zeros((means2d.shape[0], compositing_kernels.GRAD_WIDTH), dtype=means2d.dtype)
+        compositing_kernels.sum_per_splat(splat_ids, isect_grads.numpy(), grads.numpy(),
                                   numba.get_num_threads())
-        k = cpu_kernels
+        k = compositing_kernels
         v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
         return (grads[:, k.GRAD_MEAN:k.GRAD_MEAN + 2], grads[:, k.GRAD_CONIC:k.GRAD_CONIC + 3],
                 grads[:, k.GRAD_COLOR:k.GRAD_COLOR + 3], grads[:, k.GRAD_DEPTH],
