@@ -165,8 +165,7 @@ class LocalEngine:
         optimizer = state["optimizer"]
         self.optimizer.load_state_dict(dict(optimizer, **{
             kind: {n: t.to(device) for n, t in optimizer[kind].items()}
-            for kind in ("exp_avg", "exp_avg_sq")}))
-        self.optimizer.params = self.model.parameters()
+            for kind in ("exp_avg", "exp_avg_sq")}), self.model.parameters())
         self.stats = densify.DensifyStats(state["stats"]["grad_sum"].to(device, copy=True),
                                           state["stats"]["count"].to(device, copy=True))
         self.densify_events = state["densify_events"]

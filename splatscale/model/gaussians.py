@@ -84,6 +84,11 @@ class GaussianModel:
     def parameters(self) -> dict[str, Tensor]:
         return {name: getattr(self, name) for name in self.PARAMETERS}
 
+    def set_parameters(self, params: dict[str, Tensor]) -> None:
+        """Take ``params`` (all or some of the parameters) as this model's tensors."""
+        for name, tensor in params.items():
+            setattr(self, name, tensor)
+
     def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "GaussianModel":
         moved = {name: t.to(dtype=dtype, device=device) for name, t in self.parameters().items()}
         return GaussianModel(**moved, sh_degree=self.sh_degree, keys=self.keys.to(device=device))

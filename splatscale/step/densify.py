@@ -51,19 +51,20 @@ def view_space_grad_norms(means2d_grad: Tensor, width: int, height: int,
 
 def _replace_rows(model: GaussianModel, optimizer: GaussianAdam, rows: Tensor,
                   new: dict[str, Tensor] | None = None) -> None:
-    """Keep rows ``rows`` (index or mask), then append ``new`` rows (with their keys)."""
+    """Keep rows ``rows`` (index or mask), then append ``new`` rows (with their keys),
+    whose moments start at zero."""
     keys = model.keys[rows]
     model.keys = keys if new is None else torch.cat([keys, new["keys"]])
-    for name, param in model.parameters().items():
-        kept = param.detach()[rows]
-        m, v = optimizer.exp_avg[name][rows], optimizer.exp_avg_sq[name][rows]
-        if new is not None:
-            kept = torch.cat([kept, new[name]])
-            m = torch.cat([m, torch.zeros_like(new[name])])
-            v = torch.cat([v, torch.zeros_like(new[name])])
-        setattr(model, name, kept.requires_grad_(True))
-        optimizer.exp_avg[name], optimizer.exp_avg_sq[name] = m, v
-    optimizer.params = model.parameters()
+
+    def param(name: str, tensor: Tensor) -> Tensor:
+        return tensor[rows] if new is None else torch.cat([tensor[rows], new[name]])
+
+    def moment(name: str, tensor: Tensor) -> Tensor:
+        return (tensor[rows] if new is None
+                else torch.cat([tensor[rows], torch.zeros_like(new[name])]))
+
+    optimizer.edit(param, moment)
+    model.set_parameters(optimizer.params)
 
 
 def _rows_of(model: GaussianModel, mask: Tensor, event: int,
@@ -118,9 +119,9 @@ def densify_and_prune(model: GaussianModel, optimizer: GaussianAdam, stats: Dens
 
 def reset_opacity(model: GaussianModel, optimizer: GaussianAdam) -> None:
     """Clamp every opacity to at most 0.01 and forget its Adam moments."""
-    with torch.no_grad():
-        clamped = torch.clamp_max(model.opacities, RESET_OPACITY)
-        model.opacity_logits = torch.log(clamped / (1 - clamped)).requires_grad_(True)
-    optimizer.exp_avg["opacity_logits"].zero_()
-    optimizer.exp_avg_sq["opacity_logits"].zero_()
-    optimizer.params = model.parameters()
+    def clamped(name: str, logits: Tensor) -> Tensor:
+        opacity = torch.clamp_max(torch.sigmoid(logits), RESET_OPACITY)
+        return torch.log(opacity / (1 - opacity))
+
+    optimizer.edit(clamped, lambda name, moment: torch.zeros_like(moment), ["opacity_logits"])
+    model.set_parameters(optimizer.params)

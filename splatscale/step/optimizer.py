@@ -6,13 +6,14 @@ betas are raised to the power B and eps is divided by sqrt(B) (Grendel's rule),
 so B = 16 trains like B = 1 in 1/16 of the steps.
 
 The state (first and second moments, step count) is plain tensors keyed by
-parameter name, so densification can grow and shrink it row by row.
+parameter name, edited row by row with the parameters (``GaussianAdam.edit``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import torch
 from torch import Tensor
@@ -49,7 +50,16 @@ def adam_step_torch(param: Tensor, m: Tensor, v: Tensor, grad: Tensor, scale: fl
 class GaussianAdam:
     """Adam, one group per named parameter; ``step`` is torch.optim.Adam's formula,
     computed by ``adam_kernels`` on the CPU (the offload engine replays skipped steps
-    with the same code) and by ``adam_step_torch`` on other devices."""
+    with the same code) and by ``adam_step_torch`` on other devices.
+
+    It owns the parameters' optimiser state, whose schema is ``state_dict``'s:
+    ``exp_avg`` and ``exp_avg_sq`` (per group, a tensor shaped as its parameter),
+    ``steps`` (per group, the Adam steps it has taken) and ``batch_size``. Rows
+    change only through ``edit``, parameter and moments together: densification,
+    the opacity reset, moves between ranks and loading a checkpoint. A group
+    edited since its gradient was taken is not stepped (the gradient belonged to
+    the tensor the edit replaced).
+    """
 
     def __init__(self, params: dict[str, Tensor], batch_size: int = 1) -> None:
         self.params = params
@@ -57,20 +67,51 @@ class GaussianAdam:
         self.exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
         self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
         self.steps = {n: 0 for n in params}
+        self.edited: set[str] = set()  # since the last step
 
     def hyper(self, lr: float) -> AdamHyper:
         return batch_hyperparameters(lr, self.batch_size)
+
+    @property
+    def decay(self) -> AdamHyper:
+        """The batch's betas and eps (its learning rate is each step's own)."""
+        return self.hyper(0.0)
+
+    def edit(self, param: Callable[[str, Tensor], Tensor],
+             moment: Callable[[str, Tensor], Tensor], names: Iterable[str] | None = None
+             ) -> None:
+        """Replace the rows of groups ``names`` (all by default): each parameter ``p``
+        becomes ``param(name, p)`` (a new leaf that requires grad) and each moment ``m``
+        becomes ``moment(name, m)``."""
+        for name in list(self.params) if names is None else names:
+            with torch.no_grad():
+                self.params[name] = param(name, self.params[name].detach()).requires_grad_(True)
+            self.exp_avg[name] = moment(name, self.exp_avg[name])
+            self.exp_avg_sq[name] = moment(name, self.exp_avg_sq[name])
+            self.edited.add(name)
+
+    def count_step(self, name: str) -> int:
+        """Count an Adam step of group ``name``; its number (bias correction's t)."""
+        self.steps[name] += 1
+        return self.steps[name]
+
+    def next_step_groups(self) -> list[str]:
+        """The groups the step being taken updates: those not edited since their
+        gradient was taken. The edits are history from here on."""
+        groups = [name for name in self.params if name not in self.edited]
+        self.edited.clear()
+        return groups
 
     @torch.no_grad()
     def step(self, learning_rates: dict[str, float]) -> None:
         """One Adam step of every parameter that has a gradient: on the CPU by
         ``adam_kernels`` (one pass over each group), elsewhere in torch's operations."""
-        for name, param in self.params.items():
+        for name in self.next_step_groups():
+            param = self.params[name]
             if param.grad is None:
                 continue
             h = self.hyper(learning_rates[name])
-            self.steps[name] += 1
-            t = self.steps[name]
+            t = self.count_step(name)
             scale, root_bias2 = -h.lr / (1 - h.beta1 ** t), math.sqrt(1 - h.beta2 ** t)
             flat = [x.detach().view(-1)
                     for x in (param, self.exp_avg[name], self.exp_avg_sq[name], param.grad)]
@@ -90,8 +131,11 @@ class GaussianAdam:
         return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "steps": self.steps,
                 "batch_size": self.batch_size}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, params: dict[str, Tensor]) -> None:
+        """Continue from ``state`` (moments copied) with ``params`` as the parameters."""
+        self.params = params
         self.exp_avg = {n: t.clone() for n, t in state["exp_avg"].items()}
         self.exp_avg_sq = {n: t.clone() for n, t in state["exp_avg_sq"].items()}
         self.steps = dict(state["steps"])
         self.batch_size = state["batch_size"]
+        self.edited = set()

@@ -169,15 +169,12 @@ class DistributedEngine(LocalEngine):
                                     right=True)
         send = torch.bincount(owners, minlength=self.world).tolist()
         recv = exchange_counts(send)
-        move = lambda t: all_to_all(t.detach(), send, recv)  # noqa: E731 - rows stay in order
-        adam = self.optimizer
-        for name, tensor in self.model.parameters().items():
-            setattr(self.model, name, move(tensor).requires_grad_(True))
-            adam.exp_avg[name], adam.exp_avg_sq[name] = (move(adam.exp_avg[name]),
-                                                         move(adam.exp_avg_sq[name]))
-        self.model.keys = move(self.model.keys)
-        adam.params = self.model.parameters()
-        self.stats = type(self.stats)(move(self.stats.grad_sum), move(self.stats.count))
+        move = lambda name, t: all_to_all(t.detach(), send, recv)  # noqa: E731 - in order
+        self.optimizer.edit(move, move)
+        self.model.set_parameters(self.optimizer.params)
+        self.model.keys = move("keys", self.model.keys)
+        self.stats = type(self.stats)(move("grad_sum", self.stats.grad_sum),
+                                      move("count", self.stats.count))
         self._rows_changed()
 
     def any_rank(self, flag: bool) -> bool:

@@ -53,7 +53,6 @@ class OffloadEngine(LocalEngine):
         self.host_adam = DeferredAdam(self.optimizer, len(self.model))
         self.geometry = self._device_geometry()
         self.pending: Update | None = None  # this step's gradients, until optimizer_step
-        self.graded: dict[str, Tensor] = {}  # the master tensors the gradients belong to
         self.moved_to_device = 0  # bytes of the last step, host to device
         self.last_counts = 0, 0  # the last step's candidates and visible rows
 
@@ -97,7 +96,6 @@ class OffloadEngine(LocalEngine):
     def _gradients_taken(self, rows: Tensor, working: GaussianModel) -> None:
         self.pending = Update(rows, {n: (p.grad if p.grad is not None else torch.zeros_like(p))
                                      .cpu() for n, p in working.parameters().items()})
-        self.graded = self.model.parameters()
 
     def _model(self, values: dict[str, Tensor], rows: Tensor) -> GaussianModel:
         return GaussianModel(**values, sh_degree=self.model.sh_degree,
@@ -111,11 +109,8 @@ class OffloadEngine(LocalEngine):
     def optimizer_step(self, learning_rates: dict[str, float]) -> None:
         self._settle()
         update, self.pending = self.pending, None
-        # A group whose tensor densification or the opacity reset replaced since the
-        # gradients were taken is not stepped, as on one device.
-        stepped = {n for n, t in self.model.parameters().items()
-                   if update is not None and self.graded.get(n) is t}
-        self.host_adam.log_step(learning_rates, stepped)
+        groups = self.optimizer.next_step_groups()
+        self.host_adam.log_step(learning_rates, set(groups) if update is not None else set())
         if update is None:
             return
         update = self._with_overdue(update)

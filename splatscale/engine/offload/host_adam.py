@@ -81,7 +81,7 @@ class DeferredAdam:
         self.step_count = 0
         self.updated_at = torch.zeros(rows, dtype=torch.int64)
         self.logs = {name: StepLog() for name in adam.params}
-        hyper = adam.hyper(1.0)
+        hyper = adam.decay
         self.ratio_bound = _SAFETY * (1 - hyper.beta1) / math.sqrt(
             (1 - hyper.beta2) * (1 - hyper.beta1 ** 2 / hyper.beta2))
 
@@ -91,9 +91,7 @@ class DeferredAdam:
         for name, log in self.logs.items():
             h = self.adam.hyper(learning_rates[name])
             took = name in stepped
-            if took:
-                self.adam.steps[name] += 1
-            t = self.adam.steps[name]
+            t = self.adam.count_step(name) if took else self.adam.steps[name]
             bias1, bias2 = 1 - h.beta1 ** t, 1 - h.beta2 ** t
             if took:
                 log.append(True, -h.lr / bias1, math.sqrt(bias2),
@@ -133,7 +131,7 @@ class DeferredAdam:
                 else torch.zeros((len(rows), *param.shape[1:]), dtype=param.dtype))
         master = [as_rows(t) for t in (param, self.adam.exp_avg[name],
                                        self.adam.exp_avg_sq[name])]
-        h, dtype = self.adam.hyper(1.0), master[0].dtype
+        h, dtype = self.adam.decay, master[0].dtype
         adam_replay(*master, rows.numpy(), self.updated_at[rows].numpy(),
                     as_rows(grad.contiguous()), self.step_count, *self.logs[name].arrays(dtype),
                     adam_constants(h.beta1, h.beta2, h.eps, dtype), *(as_rows(t) for t in out),
