@@ -1,6 +1,6 @@
 """Training on a GPU: images per second and peak GPU memory; prints one JSON line.
 
-For ``LocalEngine`` and ``OffloadEngine`` (forwarding on, its default on a
+For ``local_engine`` and ``offload_engine`` (forwarding on, its default on a
 GPU), each run alone after a warm-up:
 
 - snowmiku (SfM points, its images), the Trainer's own steps at B = 1 and 4;
@@ -23,8 +23,8 @@ import torch
 from splatscale.data import load_scene
 from splatscale.data.images import ImageStore
 from splatscale.engine import TrainView
-from splatscale.engine.local import LocalEngine
-from splatscale.engine.offload import OffloadEngine
+from splatscale.engine.local import local_engine
+from splatscale.engine.offload import offload_engine
 
 from memory import rates
 from report import emit
@@ -68,8 +68,8 @@ def main() -> None:
     parser.add_argument("--gaussians", type=int, default=1_000_000)
     parser.add_argument("--garden-steps", type=int, default=50)
     args = parser.parse_args()
-    engines = {"local": partial(LocalEngine, device=args.device),
-               "offload": partial(OffloadEngine, device=args.device)}
+    engines = {"local": partial(local_engine, device=args.device),
+               "offload": partial(offload_engine, device=args.device)}
     scene = load_scene(DATA / "snowmiku")
     store = ImageStore(scene, background=scene.background)
     out = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}

@@ -30,8 +30,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from splatscale.engine import TrainView
-from splatscale.engine.local import LocalEngine
-from splatscale.engine.offload import OffloadEngine
+from splatscale.engine.local import local_engine
+from splatscale.engine.offload import offload_engine
 from splatscale.engine.offload.engine import EXACT_TEST
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.projection import visibility
@@ -58,7 +58,7 @@ def allocated_peak(step) -> int:
 
 
 def local_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, float]:
-    engine = LocalEngine(model.detach(), len(views), torch.zeros(3))
+    engine = local_engine(model.detach(), len(views), torch.zeros(3))
     engine.forward_backward(views, track_stats=True)
     engine.optimizer_step(rates())
     params = engine.model.parameters().values()
@@ -75,22 +75,24 @@ def local_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, floa
 
 
 def offload_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, float]:
-    engine = OffloadEngine(model.detach(), len(views), torch.zeros(3), forwarding=False)
+    engine = offload_engine(model.detach(), len(views), torch.zeros(3), forwarding=False)
     engine.forward_backward(views, track_stats=True)
     engine.optimizer_step(rates())
     cameras = [view.camera for view in views]
     # The step's device part, piece by piece (the engine's own calls).
-    rows, working, seen = engine._working_set(cameras)
-    candidates = engine._candidates(cameras)
-    tested = GaussianModel(**engine._current(candidates), sh_degree=0)
+    working = engine.rows.working_set(cameras)
+    candidates = engine.rows.candidates(cameras)
+    tested = GaussianModel(**engine.rows.current(candidates), sh_degree=0)
     test_peak = allocated_peak(lambda: visibility(tested, cameras))
-    render_peak = allocated_peak(lambda: engine._loss_backward(working, views, seen))
+    render_peak = allocated_peak(lambda: engine.compute.loss_backward(working.model, views,
+                                                               working.seen))
     brought = (sum(getattr(tested, n).nbytes for n in EXACT_TEST)
-               + sum(t.nbytes for t in working.parameters().values()) + working.keys.nbytes)
-    persistent = engine.memory_per_gaussian()["device"]
+               + sum(t.nbytes for t in working.model.parameters().values())
+               + working.model.keys.nbytes)
+    persistent = engine.rows.memory_per_gaussian()["device"]
     return {"device_bytes_per_gaussian": persistent,
             "peak_bytes": persistent * len(model) + brought + max(test_peak, render_peak),
-            "visible_fraction": len(rows) / len(model),
+            "visible_fraction": len(working.rows) / len(model),
             "candidate_fraction": len(candidates) / len(model)}
 
 

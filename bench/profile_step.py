@@ -1,6 +1,6 @@
 """Where one CPU training step's time goes, by stage; prints one JSON line.
 
-A step of ``LocalEngine`` at B = 1 (the Trainer's step, taken apart with the
+A step of ``local_engine`` at B = 1 (the Trainer's step, taken apart with the
 same calls), timed stage by stage, median of ``--steps`` steps after a
 warm-up, for snowmiku's SfM points jittered up to each model size in
 ``--sizes`` (or a trained model, ``--model``), at full and half resolution:
@@ -8,7 +8,7 @@ warm-up, for snowmiku's SfM points jittered up to each model size in
 image (fetch and convert the target), projection (forward), binning,
 compositing (forward), loss (forward), loss backward, compositing backward,
 projection backward, statistics (densification's view-space gradient norms),
-adam, and ``step`` (the whole step as ``LocalEngine`` runs it, separately);
+adam, and ``step`` (the whole step as ``local_engine`` runs it, separately);
 ``overhead`` is ``step`` minus the stages' sum (can be below zero: the stages
 are timed one by one, with synchronisation points the step does not have).
 """
@@ -28,7 +28,9 @@ from scipy.spatial import cKDTree
 from splatscale.data.colmap import read_colmap
 from splatscale.data.images import ImageStore
 from splatscale.engine import TrainView
-from splatscale.engine.local import LocalEngine
+from splatscale.engine.engine import ComposedEngine
+from splatscale.engine.local import local_engine
+from splatscale.engine.one_process import track
 from splatscale.model import init_from_points
 from splatscale.model.ply import read_ply
 from splatscale.render import project
@@ -67,7 +69,7 @@ class Stages:
         return out
 
 
-def staged_step(engine: LocalEngine, store: ImageStore, index: int, stages: Stages) -> None:
+def staged_step(engine: ComposedEngine, store: ImageStore, index: int, stages: Stages) -> None:
     """One step, stage by stage (the engine's own calls, taken apart)."""
     camera = store.camera(index)
     target = stages.run("image", lambda: store.as_float(index))
@@ -78,9 +80,9 @@ def staged_step(engine: LocalEngine, store: ImageStore, index: int, stages: Stag
                                                    splats.keys, camera.width, rows,
                                                    splats.conics, splats.opacities))
     rgb, _, _ = stages.run("compositing", lambda: composite(
-        *(getattr(splats, n) for n in SPLAT_INPUTS), engine.background, bins, camera.width,
+        *(getattr(splats, n) for n in SPLAT_INPUTS), engine.compute.background, bins, camera.width,
         rows))
-    loss = stages.run("loss", lambda: photometric_loss(rgb, target, engine.ssim_weight))
+    loss = stages.run("loss", lambda: photometric_loss(rgb, target, engine.compute.ssim_weight))
     rgb_grad, = stages.run("loss_backward", lambda: torch.autograd.grad(loss, rgb))
     inputs = [getattr(splats, n) for n in SPLAT_INPUTS]
     # The graph is kept: these inputs are views of the projection's outputs.
@@ -91,12 +93,12 @@ def staged_step(engine: LocalEngine, store: ImageStore, index: int, stages: Stag
     stages.run("projection_backward",
                lambda: torch.autograd.backward([t for t, _ in used], [g for _, g in used]))
     batch = [TrainView(camera, target)]
-    stages.run("statistics", lambda: engine._track(splats, batch, splats.gaussian_ids))
+    stages.run("statistics", lambda: track(engine.stats, splats, batch, splats.gaussian_ids))
     stages.run("adam", lambda: engine.optimizer_step(RATES))
 
 
 def profile(store: ImageStore, model, steps: int) -> dict:
-    engine = LocalEngine(model.detach(), 1, torch.zeros(3))
+    engine = local_engine(model.detach(), 1, torch.zeros(3))
     stages = Stages()
     views = list(range(len(store)))
     for step in range(steps + 2):  # two warm-up steps

@@ -37,11 +37,12 @@ import torch.multiprocessing as mp
 
 from splatscale.data.cameras import Camera
 from splatscale.engine import TrainView
-from splatscale.engine.distributed import DistributedEngine, shard_of
+from splatscale.engine.distributed import distributed_engine, shard_of
 from splatscale.engine.distributed.cost_model import FittedRowCost, RowCost
 from splatscale.engine.distributed.exchange import FLOAT_COLUMNS, rendered_workload, route
 from splatscale.engine.distributed.partition import partition, tile_row_work
-from splatscale.engine.local import LocalEngine
+from splatscale.engine.engine import ComposedEngine
+from splatscale.engine.local import local_engine
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project
 from splatscale.render.compositing_kernels import GRAD_WIDTH
@@ -60,7 +61,7 @@ INTERSECTION_BYTES = FLOAT_BYTES * GRAD_WIDTH + 8
 PIXEL_BYTES = FLOAT_BYTES * 2 * 5 + 4
 
 
-def state_bytes(engine: LocalEngine) -> int:
+def state_bytes(engine: ComposedEngine) -> int:
     """Bytes of what a rank keeps between steps (gradients counted: backward makes them)."""
     params = list(engine.model.parameters().values())
     adam = engine.optimizer
@@ -109,7 +110,7 @@ def predict_step(shards: list[GaussianModel], cameras: list[Camera], cut_cost: R
 
 def bytes_per_gaussian(model: GaussianModel) -> float:
     sample = shard_of(model, 0, max(1, len(model) // 1000))
-    return state_bytes(LocalEngine(sample, 1, torch.zeros(3))) / len(sample)
+    return state_bytes(local_engine(sample, 1, torch.zeros(3))) / len(sample)
 
 
 def imbalance(costs: list[float]) -> float:
@@ -143,22 +144,23 @@ def measured_rank(rank: int, world: int, init_file: str, steps: int, out_file: s
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     store, model = snowmiku_init()
-    engine = DistributedEngine(shard_of(model, rank, world), world, torch.zeros(3),
+    engine = distributed_engine(shard_of(model, rank, world), world, torch.zeros(3),
                                fixed_cost=RowCost())
     records = []
     for ids in batches(len(store), world, steps + 1):
         cameras = [store.camera(i) for i in ids]
-        engine.forward_backward([TrainView(c, store.as_float(i)) for c, i in zip(cameras, ids)],
-                                track_stats=False)
+        bands = engine.forward_backward([TrainView(c, store.as_float(i))
+                                         for c, i in zip(cameras, ids)],
+                                        track_stats=False).diagnostics["bands"]
         with torch.no_grad():
-            counts = route(project(engine.model, cameras), engine.last_bands, cameras)[1]
+            counts = route(project(engine.model, cameras), bands, cameras)[1]
         rows = torch.zeros(world, world, dtype=torch.float64)
         rows[rank] = torch.tensor(counts, dtype=torch.float64)
         states = torch.zeros(world, dtype=torch.float64)
         states[rank] = state_bytes(engine)
         dist.all_reduce(rows)
         dist.all_reduce(states)
-        reports = list(engine.fitted_cost.reports)[-world:]
+        reports = list(engine.compute.fitted_cost.reports)[-world:]
         records.append(step_record(rows, [(p, i) for p, i, _ in reports],
                                    [t for _, _, t in reports], states.tolist()))
         for parameter in engine.model.parameters().values():

@@ -2,7 +2,7 @@
 
 snowmiku (SfM points, 3DGS initialisation, its images), the Trainer's own
 steps (default settings: no densification before image 500), for B = 1 and
-4: images per second of LocalEngine, and of OffloadEngine with forwarding on
+4: images per second of local_engine, and of offload_engine with forwarding on
 and off, each run after the others on an otherwise idle machine; for the
 offload runs, the mean bytes moved host -> device and device -> host per step
 and the fractions of the Gaussians culled as candidates and found visible.
@@ -19,17 +19,17 @@ from pathlib import Path
 
 from splatscale.data import load_scene
 from splatscale.data.images import ImageStore
-from splatscale.engine.local import LocalEngine
-from splatscale.engine.offload import OffloadEngine
+from splatscale.engine.local import local_engine
+from splatscale.engine.offload import offload_engine
 from splatscale.train.config import TrainConfig
 from splatscale.train.trainer import RunOptions, Trainer
 
 from report import emit
 from scenes import DATA
 
-ENGINES = {"local": LocalEngine,
-           "offload_forwarding": partial(OffloadEngine, forwarding=True),
-           "offload_no_forwarding": partial(OffloadEngine, forwarding=False)}
+ENGINES = {"local": local_engine,
+           "offload_forwarding": partial(offload_engine, forwarding=True),
+           "offload_no_forwarding": partial(offload_engine, forwarding=False)}
 
 
 def run(scene, store: ImageStore, make_engine, batch_size: int, images: int) -> dict:
@@ -43,10 +43,10 @@ def run(scene, store: ImageStore, make_engine, batch_size: int, images: int) -> 
         engine, moved, counts = trainer.engine, [], []
         start = time.perf_counter()
         while trainer.images_seen < config.iterations:
-            trainer.train_step()
-            if isinstance(engine, OffloadEngine):
-                moved.append(engine.moved_to_device)
-                counts.append(engine.last_counts)
+            measured = trainer.train_step()["diagnostics"]
+            if "host_to_device_bytes" in measured:
+                moved.append(measured["host_to_device_bytes"])
+                counts.append((measured["candidates"], measured["visible"]))
         seconds = time.perf_counter() - start
     result = {"images_per_second": round(images / seconds, 3)}
     if moved:

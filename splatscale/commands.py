@@ -16,11 +16,12 @@ from splatscale.data import load_scene
 from splatscale.demo import demo_scene
 from splatscale.data.images import ImageStore, write_png
 from splatscale.data.scene import Scene
-from splatscale.engine.distributed import DistributedEngine, group, shard_of
+from splatscale.engine.distributed import distributed_engine, group, shard_of
 from splatscale.engine.distributed.cost_model import RowCost
-from splatscale.engine.local import LocalEngine
-from splatscale.engine.offload import OffloadEngine
-from splatscale.engine.offload.sharded import OffloadedShardEngine
+from splatscale.engine.engine import ComposedEngine
+from splatscale.engine.local import local_engine
+from splatscale.engine.offload import offload_engine
+from splatscale.engine.offload.sharded import offloaded_shard_engine
 from splatscale import launch
 from splatscale.errors import SplatscaleError
 from splatscale.messages import held, muted, notice
@@ -199,18 +200,21 @@ def _fixed_cost(args: Namespace) -> RowCost | None:
 
 def _single_engine(args: Namespace) -> EngineFactory:
     if args.offload:
-        return partial(OffloadEngine, device=args.device, forwarding=args.forwarding)
-    return partial(LocalEngine, device=args.device)
+        return partial(offload_engine, device=args.device, forwarding=args.forwarding)
+    return partial(local_engine, device=args.device)
 
 
 def _distributed_engine(ranks: group.Ranks, args: Namespace, model: GaussianModel,
                         batch_size: int, background: torch.Tensor,
-                        ssim_weight: float) -> DistributedEngine:
+                        ssim_weight: float) -> ComposedEngine:
     """This rank's engine over its shard, which it offloads with --offload."""
-    storage = (dict(device=args.device, forwarding=args.forwarding) if args.offload else {})
-    engine = OffloadedShardEngine if args.offload else DistributedEngine
-    return engine(shard_of(model, ranks.rank, ranks.world), batch_size, background, ssim_weight,
-                  args.balance, _fixed_cost(args), **storage)
+    shard = shard_of(model, ranks.rank, ranks.world)
+    if args.offload:
+        return offloaded_shard_engine(shard, batch_size, background, ssim_weight, args.balance,
+                                      _fixed_cost(args), device=args.device,
+                                      forwarding=args.forwarding)
+    return distributed_engine(shard, batch_size, background, ssim_weight, args.balance,
+                              _fixed_cost(args))
 
 
 def _split_ids(scene, split: str) -> list[int]:

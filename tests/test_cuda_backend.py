@@ -16,8 +16,8 @@ from splatscale.render.binning import bin_tiles
 from splatscale.render.conventions import ALPHA_MAX, ALPHA_MIN, T_MIN
 from splatscale.render.cuda_backend import Kernels, composite
 from splatscale.render.rasterize import composite as cpu_composite
-from splatscale.engine.local import LocalEngine
-from splatscale.engine.offload import OffloadEngine
+from splatscale.engine.local import local_engine
+from splatscale.engine.offload import offload_engine
 from tests.conftest import (densifying_run, densifying_scene, gsplat_kernel_boxes,
                             data_path, orbit_cameras, random_model, state_by_key)
 
@@ -240,7 +240,7 @@ def test_engines_train_through_the_cuda_backend_as_through_the_cpu_one(stand_ins
     """Twelve steps with clones, splits, pruning and an opacity reset: the engines'
     code with ``backend="cuda"`` (the stand-ins on the CPU) trains as the cpu backend."""
     views, start = densifying_scene()
-    engine = OffloadEngine if offload else LocalEngine
+    engine = offload_engine if offload else local_engine
     runs = [engine(start.detach(), 2, torch.zeros(3, dtype=torch.float64), backend=backend)
             for backend in ("cuda", "cpu")]
     losses = [densifying_run(run, views) for run in runs]

@@ -18,8 +18,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from splatscale.engine.distributed import DistributedEngine, shard_of
-from splatscale.engine.local import LocalEngine
+from splatscale.engine.distributed import distributed_engine, shard_of
+from splatscale.engine.local import local_engine
 from splatscale.model.ply import read_ply
 from splatscale.train.checkpoint import KEYS, load_checkpoint, save_checkpoint
 from tests.conftest import TRAIN_STEPS as STEPS
@@ -72,13 +72,14 @@ def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
     views, model = densifying_scene()
     results = {"steps": {}}
     for batch_size in (1, 4):
-        engine = DistributedEngine(shard_of(model, rank, world), batch_size, torch.zeros(3))
-        loss = engine.forward_backward(views[:batch_size], track_stats=True).loss
+        engine = distributed_engine(shard_of(model, rank, world), batch_size, torch.zeros(3))
+        result = engine.forward_backward(views[:batch_size], track_stats=True)
         grads = {n: gather_rows(p.grad) for n, p in engine.model.parameters().items()}
-        results["steps"][batch_size] = (loss, by_key(gather_rows(engine.model.keys), grads),
-                                        engine.last_bands)
-    engine = DistributedEngine(shard_of(model, rank, world), 2, torch.zeros(3))
-    engine.max_imbalance = 1.0  # rebalance after every densification
+        results["steps"][batch_size] = (result.loss,
+                                        by_key(gather_rows(engine.model.keys), grads),
+                                        result.diagnostics["bands"])
+    engine = distributed_engine(shard_of(model, rank, world), 2, torch.zeros(3),
+                               max_imbalance=1.0)  # rebalance after every densification
     results["losses"] = densifying_run(engine, views)
     results["shards"] = gather_rows(torch.tensor([len(engine.model)]))
     results["render"] = engine.render(views[1].camera)
@@ -96,7 +97,7 @@ def resume_rank(rank: int, world: int, init_file: str, checkpoint: str, steps: r
     """Continue the saved run at this world size for ``steps``, then save it."""
     join(rank, world, init_file)
     views, model = densifying_scene()
-    engine = DistributedEngine(shard_of(model, rank, world), 2, torch.zeros(3))
+    engine = distributed_engine(shard_of(model, rank, world), 2, torch.zeros(3))
     engine.load_state_dict(load_checkpoint(Path(checkpoint), engine.shard())[1])
     densifying_run(engine, views, steps)
     save(engine, Path(checkpoint), steps.stop)
@@ -108,10 +109,10 @@ def single_process():
     views, model = densifying_scene()
     steps = {}
     for batch_size in (1, 4):
-        engine = LocalEngine(model.detach(), batch_size, torch.zeros(3))
+        engine = local_engine(model.detach(), batch_size, torch.zeros(3))
         loss = engine.forward_backward(views[:batch_size], track_stats=True).loss
         steps[batch_size] = (loss, step_state(engine, engine.model.keys))
-    engine = LocalEngine(model.detach(), 2, torch.zeros(3))
+    engine = local_engine(model.detach(), 2, torch.zeros(3))
     return {"steps": steps, "losses": densifying_run(engine, views), "state": engine.state_dict(),
             "render": engine.render(views[1].camera)}
 
@@ -149,7 +150,7 @@ def test_resume_at_other_world_sizes_continues_the_run(single_process, tmp_path)
     """1 rank for 4 steps, then 3 ranks for 4, then 2 ranks to the end: the single
     process' model and Adam state; no rank ever read or wrote the whole state."""
     views, model = densifying_scene()
-    engine = LocalEngine(model.detach(), 2, torch.zeros(3))
+    engine = local_engine(model.detach(), 2, torch.zeros(3))
     densifying_run(engine, views, range(0, 4))
     checkpoint = tmp_path / "checkpoint.pt"
     save(engine, checkpoint, 4)

@@ -11,7 +11,7 @@ import torch
 
 from splatscale.data.images import ImageStore, write_png
 from splatscale.data.scene import Scene, View
-from splatscale.engine.local import LocalEngine
+from splatscale.engine.local import local_engine
 from splatscale.model import init_from_points
 from splatscale.model.gaussians import SH_C0, SH_REST, GaussianModel
 from splatscale.model.init import focus_point, random_points_in_view
@@ -110,7 +110,7 @@ def test_forward_facing_rig_fills_its_frusta():
 def train_psnr(scene: Scene, points: np.ndarray, colors: np.ndarray, out: Path) -> float:
     store = ImageStore(scene, cache_dir=out / "cache")
     config = TrainConfig(iterations=IMAGES, densify_from=100, densify_interval=50)
-    engine = LocalEngine(init_from_points(points, colors.astype(np.uint8)), 1, torch.zeros(3))
+    engine = local_engine(init_from_points(points, colors.astype(np.uint8)), 1, torch.zeros(3))
     trainer = Trainer(scene, store, config, RunOptions(out, progress=False, checkpoint_every=0),
                       engine=engine)
     while trainer.images_seen < IMAGES:

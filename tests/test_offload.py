@@ -13,9 +13,11 @@ import torch.multiprocessing as mp
 
 from splatscale.engine import TrainView
 from splatscale.engine.distributed import shard_of
-from splatscale.engine.local import LocalEngine, concat_states
-from splatscale.engine.offload import OffloadEngine
-from splatscale.engine.offload.sharded import OffloadedShardEngine
+from splatscale.engine.local import local_engine
+from splatscale.engine.state import concat_states
+from splatscale.engine.offload import offload_engine
+from splatscale.engine.offload.rows import OffloadedRows
+from splatscale.engine.offload.sharded import offloaded_shard_engine
 from splatscale.engine.offload.culling import candidates
 from splatscale.engine.offload.host_adam import MAX_SKIPPED_STEPS, DeferredAdam
 from splatscale.model.gaussians import GaussianModel
@@ -48,8 +50,8 @@ def train(engine, views: list[TrainView], batch_size: int, steps: range = range(
     touched = []
 
     def count_touched(engine) -> None:
-        if isinstance(engine, OffloadEngine):
-            touched.append(len(engine.pending.rows) / len(engine.model))
+        if isinstance(engine.rows, OffloadedRows):
+            touched.append(len(engine.rows.pending.rows) / len(engine.model))
     losses = scheduled_run(engine, views, batch_size, steps, densify={12: False, 30: True},
                            reset=21, grad_threshold=2e-3, after_forward=count_touched)
     return losses, touched
@@ -71,7 +73,7 @@ def local_runs():
     for dtype in (torch.float64, torch.float32):
         views, model = offload_scene(dtype)
         for batch_size in (1, 4):
-            engine = LocalEngine(model.detach(), batch_size, torch.zeros(3, dtype=dtype))
+            engine = local_engine(model.detach(), batch_size, torch.zeros(3, dtype=dtype))
             losses, _ = train(engine, views, batch_size)
             runs[dtype, batch_size] = losses, engine.state_dict()
     return runs
@@ -84,7 +86,7 @@ def local_runs():
 @pytest.mark.parametrize("forwarding", [True, False])
 def test_offloaded_training_equals_local(local_runs, dtype, rtol, batch_size, forwarding):
     views, model = offload_scene(dtype)
-    engine = OffloadEngine(model.detach(), batch_size, torch.zeros(3, dtype=dtype),
+    engine = offload_engine(model.detach(), batch_size, torch.zeros(3, dtype=dtype),
                            forwarding=forwarding)
     losses, touched = train(engine, views, batch_size)
     expected_losses, expected = local_runs[dtype, batch_size]
@@ -168,12 +170,12 @@ def test_culling_keeps_every_gaussian_the_exact_test_keeps_under_large_drift():
     assert sizes[0][1] <= 1.2 * sizes[0][0] < 0.8 * len(model)
 
 
-@pytest.mark.parametrize("first, second", [(OffloadEngine, LocalEngine),
-                                           (LocalEngine, OffloadEngine),
-                                           (OffloadEngine, OffloadEngine)])
+@pytest.mark.parametrize("first, second", [(offload_engine, local_engine),
+                                           (local_engine, offload_engine),
+                                           (offload_engine, offload_engine)])
 def test_checkpoints_move_between_engines(first, second):
     views, model = offload_scene()
-    straight = OffloadEngine(model.detach(), 1, torch.zeros(3, dtype=torch.float64))
+    straight = offload_engine(model.detach(), 1, torch.zeros(3, dtype=torch.float64))
     train(straight, views, 1, range(20))
     engine = first(model.detach(), 1, torch.zeros(3, dtype=torch.float64))
     train(engine, views, 1, range(10))
@@ -185,7 +187,7 @@ def test_checkpoints_move_between_engines(first, second):
 
 def test_export_writes_the_caught_up_model(local_runs):
     views, model = offload_scene()
-    engine = OffloadEngine(model.detach(), 1, torch.zeros(3, dtype=torch.float64))
+    engine = offload_engine(model.detach(), 1, torch.zeros(3, dtype=torch.float64))
     train(engine, views, 1)
     part, = list(engine.model_parts())
     expected = state_by_key(local_runs[torch.float64, 1][1])
@@ -196,8 +198,8 @@ def test_export_writes_the_caught_up_model(local_runs):
 
 def test_the_device_keeps_44_bytes_per_gaussian():
     _, model = offload_scene(torch.float32)
-    engine = OffloadEngine(model.detach(), 1, torch.zeros(3))
-    memory = engine.memory_per_gaussian()
+    engine = offload_engine(model.detach(), 1, torch.zeros(3))
+    memory = engine.rows.memory_per_gaussian()
     assert memory["device"] == 44  # means, log-scales, quaternions, the step written
     assert memory["host"] == 59 * 4 * 3 + 8 + 8 + 8  # params, Adam moments, key, step, stats
 
@@ -211,9 +213,9 @@ def offloaded_rank(rank: int, world: int, init_file: str, out: str) -> None:
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     views, model = offload_scene()
-    engine = OffloadedShardEngine(shard_of(model, rank, world), 2,
-                                  torch.zeros(3, dtype=torch.float64), forwarding=rank == 0)
-    engine.max_imbalance = 1.0  # rebalance after every densification
+    engine = offloaded_shard_engine(shard_of(model, rank, world), 2,
+                                  torch.zeros(3, dtype=torch.float64), forwarding=rank == 0,
+                                  max_imbalance=1.0)  # rebalance after every densification
     losses, touched = train(engine, views, 2, range(SHARDED_STEPS))
     torch.save((losses, touched, engine.state_dict()), f"{out}.{rank}")
     dist.destroy_process_group()
@@ -221,7 +223,7 @@ def offloaded_rank(rank: int, world: int, init_file: str, out: str) -> None:
 
 def test_ranks_that_offload_their_shards_equal_one_device(tmp_path):
     views, model = offload_scene()
-    local = LocalEngine(model.detach(), 2, torch.zeros(3, dtype=torch.float64))
+    local = local_engine(model.detach(), 2, torch.zeros(3, dtype=torch.float64))
     expected_losses, _ = train(local, views, 2, range(SHARDED_STEPS))
     out = tmp_path / "state"
     mp.spawn(offloaded_rank, args=(2, str(tmp_path / "init"), str(out)), nprocs=2)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from splatscale.engine.local import LocalEngine
+from splatscale.engine.engine import ComposedEngine
+from splatscale.engine.local import local_engine
 from splatscale.model.gaussians import GaussianModel
 from splatscale.step.keyed_random import keyed_hash, keyed_normal, mix
 from tests.conftest import densifying_run, densifying_scene
@@ -43,7 +44,7 @@ def permuted(model: GaussianModel, order: torch.Tensor) -> GaussianModel:
                          sh_degree=model.sh_degree, keys=model.keys[order].clone())
 
 
-def by_key(engine: LocalEngine) -> dict:
+def by_key(engine: ComposedEngine) -> dict:
     """Parameters, Adam moments and statistics, rows sorted by key."""
     order = torch.argsort(engine.model.keys)
     state = {"keys": engine.model.keys[order]}
@@ -58,7 +59,7 @@ def by_key(engine: LocalEngine) -> dict:
 def test_storage_order_does_not_change_training():
     views, model = densifying_scene()
     order = torch.randperm(len(model), generator=torch.Generator().manual_seed(0))
-    engines = [LocalEngine(m, batch_size=2, background=torch.zeros(3))
+    engines = [local_engine(m, batch_size=2, background=torch.zeros(3))
                for m in (model.detach(), permuted(model, order))]
     for engine in engines:
         densifying_run(engine, views)

@@ -19,28 +19,35 @@ One training step is, in this order (3DGS's order):
    gradient norms to the densification statistics. Returns ``StepResult``.
 2. optionally ``densify_and_prune(...)`` and/or ``reset_opacity()``;
 3. ``optimizer_step(learning_rates)``: Adam with the batch-size rule. A
-   parameter tensor replaced in step 2 has no gradient and is not stepped.
+   parameter group whose rows step 2 replaced is not stepped (its gradient
+   belonged to the rows it replaced).
 
 ``state_dict``/``load_state_dict`` hold everything needed to continue the run
-bit for bit (parameters, Adam state, statistics, keys, densification count)
-for the engine's ``shard()`` of the Gaussians.
+bit for bit for the engine's ``shard()`` of the Gaussians, as an ``EngineState``
+(``engine/state.py``: parameters, Adam state, statistics, keys, densification
+count), which checkpoints read and write.
 Every method is called by every rank in the same order: with several ranks
 they are collective.
 
-local        everything on one device (``LocalEngine``)
-distributed  Grendel: sharding, pixel partition, balancer, sparse all-to-all
-offload      GS-Scale: host store, culling, deferred CPU Adam, pipelining
+Every engine is an ``engine.Engine`` of two parts: where the rows live
+(``rows.ResidentRows``, or ``offload.rows.OffloadedRows``: GS-Scale's host store,
+culling, deferred CPU Adam, pipelining) and how a step is computed
+(``one_process.OneProcess``, or ``distributed.compute.Ranks``: Grendel's pixel
+partition, balancer and sparse all-to-all). ``local_engine``,
+``offload.offload_engine``, ``distributed.distributed_engine`` and
+``offload.sharded.offloaded_shard_engine`` make the four combinations.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Protocol
 
 from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
+from splatscale.engine.state import EngineState
 from splatscale.render import RenderOutput
 
 
@@ -54,6 +61,10 @@ class TrainView:
 class StepResult:
     loss: float
     psnr: float  # mean over the batch's views
+    # What the step measured, by engine (as gsplat's rasterization() returns meta):
+    # offload "host_to_device_bytes", "candidates", "visible"; distributed "bands"
+    # (each rank's rows of each view) and "render_seconds" (this rank's own).
+    diagnostics: dict[str, object] = field(default_factory=dict)
 
 
 class Engine(Protocol):
@@ -81,9 +92,9 @@ class Engine(Protocol):
         """How many Gaussians, over all ranks, have a NaN or infinite parameter."""
         ...
 
-    def state_dict(self) -> dict: ...
+    def state_dict(self) -> EngineState: ...
 
-    def load_state_dict(self, state: dict) -> None: ...
+    def load_state_dict(self, state: EngineState) -> None: ...
 
     def shard(self) -> tuple[int, int]:
         """(rank, world) of the part of the Gaussians this engine holds; (0, 1): all."""

@@ -18,8 +18,8 @@ import torch
 import torch.distributed as dist
 
 from splatscale.atomic import atomic_path
-from splatscale.engine.distributed.engine import shard_rows
-from splatscale.engine.local import concat_states, state_rows
+from splatscale.engine.state import (EngineState, concat_states, shard_rows, state_rows,
+                                     state_size)
 from splatscale.errors import DataError
 
 FORMAT = 2  # 2: the trainer state holds the scene's fingerprint
@@ -39,7 +39,7 @@ def _save(state: dict, path: Path) -> None:
             raise
 
 
-def save_checkpoint(path: Path, trainer_state: dict, engine_state: dict,
+def save_checkpoint(path: Path, trainer_state: dict, engine_state: EngineState,
                     shard: tuple[int, int] = (0, 1), writes: bool = True) -> None:
     """Save; called by every rank, ``shard`` = (rank, world) of ``engine_state``'s part."""
     rank, world = shard
@@ -54,18 +54,18 @@ def save_checkpoint(path: Path, trainer_state: dict, engine_state: dict,
             stale.unlink(missing_ok=True)
 
 
-def _save_shard(path: Path, state: dict, rank: int, world: int, images: int) -> dict:
+def _save_shard(path: Path, state: EngineState, rank: int, world: int, images: int) -> dict:
     """Write this rank's part; return what the manifest says of all parts."""
     name = f"{path.name}.{images:09d}.rank{rank}-of-{world}"
     _save(state, path.parent / name)
     counts = torch.zeros(world, dtype=torch.int64)
-    counts[rank] = len(state["keys"])
+    counts[rank] = state_size(state)
     dist.all_reduce(counts)  # also a barrier: every shard is written after it
     return {"shards": [f"{path.name}.{images:09d}.rank{r}-of-{world}" for r in range(world)],
             "counts": counts.tolist()}
 
 
-def _read_share(path: Path, manifest: dict, rank: int, world: int) -> dict:
+def _read_share(path: Path, manifest: dict, rank: int, world: int) -> EngineState:
     """Rows ``rank`` of ``world`` (an even split) read from the shards holding them."""
     share = shard_rows(sum(manifest["counts"]), rank, world)
     lo, hi = share.start, share.stop
@@ -88,7 +88,8 @@ def load_trainer_state(path: Path) -> dict:
     return _read_manifest(path)["trainer"]
 
 
-def load_checkpoint(path: Path, shard: tuple[int, int] = (0, 1)) -> tuple[dict, dict]:
+def load_checkpoint(path: Path, shard: tuple[int, int] = (0, 1)
+                    ) -> tuple[dict, EngineState]:
     """(trainer state, engine state of part ``shard`` = (rank, world)); restores the
     global RNGs. Saved by any number of ranks, read by any number."""
     state = _read_manifest(path)
@@ -99,7 +100,7 @@ def load_checkpoint(path: Path, shard: tuple[int, int] = (0, 1)) -> tuple[dict, 
     if "shards" in engine:
         return state["trainer"], _read_share(path, engine, rank, world)
     if world > 1:
-        engine = state_rows(engine, shard_rows(len(engine["keys"]), rank, world))
+        engine = state_rows(engine, shard_rows(state_size(engine), rank, world))
     return state["trainer"], engine
 
 

@@ -20,7 +20,7 @@ from splatscale.atomic import write_json
 from splatscale.data.images import ImageStore, write_png
 from splatscale.data.scene import Scene
 from splatscale.engine import Engine, TrainView
-from splatscale.engine.local import LocalEngine
+from splatscale.engine.local import local_engine
 from splatscale.errors import DataError, Interrupted, TrainingDiverged
 from splatscale.messages import notice
 from splatscale.threads import threading_layer
@@ -64,9 +64,9 @@ def initial_model(scene: Scene, train_ids: list[int], seed: int):
 class Trainer:
     def __init__(self, scene: Scene, store: ImageStore, config: TrainConfig,
                  options: RunOptions, engine: Engine | None = None,
-                 make_engine: EngineFactory = LocalEngine) -> None:
+                 make_engine: EngineFactory = local_engine) -> None:
         """``engine``, if given, is used as it is; otherwise ``make_engine(initial model,
-        batch size, background, SSIM weight)`` makes one (a LocalEngine by default)."""
+        batch size, background, SSIM weight)`` makes one (``local_engine`` by default)."""
         self.scene, self.store, self.config, self.options = scene, store, config, options
         self.train_ids, self.test_ids = scene.split(options.eval_split)
         if not self.train_ids:
@@ -139,7 +139,7 @@ class Trainer:
         engine.optimizer_step(self.learning_rates(before + 1))
         self.images_seen, self.steps = after, self.steps + 1
         return {"step": self.steps, "images": after, "loss": result.loss, "psnr": result.psnr,
-                "num_gaussians": engine.num_gaussians()}
+                "num_gaussians": engine.num_gaussians(), "diagnostics": result.diagnostics}
 
     # -- the run --------------------------------------------------------------------
 
@@ -166,6 +166,7 @@ class Trainer:
                                 gaussians=entry["num_gaussians"],
                                 img_s=f"{entry['images_per_second']:.1f}")
                 if self.steps % o.log_every == 0 or self.steps == total_steps:
+                    entry.pop("diagnostics")  # the engine's own, for benchmarks
                     self._write(_append_jsonl, log_path, entry)
                 self._periodic(before, log_path)
                 if self.engine.any_rank(interrupted()):

@@ -1,240 +1,30 @@
-"""DistributedEngine (Grendel): each rank owns a shard of the Gaussians and renders
-a share of every batch's pixel rows.
-
-One step, on every rank of the process group:
-
-1. project the rank's own shard into the batch's B cameras;
-2. histogram the splats' tile intersections per (camera, tile row); one
-   ``all_reduce`` gives the whole workload, and every rank cuts the batch's
-   rows into the same W ranges of equal cost (``partition``), the cost per
-   pixel and per intersection fitted to the ranks' measured times
-   (``cost_model``) unless fixed;
-3. send each splat to the ranks whose bands (plus SSIM's halo) it touches
-   (``exchange``);
-4. render the own bands with their halo and take the loss of the own rows,
-   divided by the whole image's size: the ranks' losses add up to the single
-   process' loss, and ``backward`` returns every gradient to the Gaussian's owner;
-5. densification statistics, densification, opacity reset and Adam act on the
-   shard alone (``LocalEngine``'s code): keys make them independent of where a
-   Gaussian is stored, so the shards together equal the single process.
-"""
+"""The distributed engine (Grendel): this rank's shard resident (``ResidentRows``),
+each step computed with the other ranks (``Ranks``)."""
 
 from __future__ import annotations
 
-import math
-import time
-from typing import Iterator
-
-import torch
-import torch.distributed as dist
 from torch import Tensor
 
-from splatscale.data.cameras import Camera
-from splatscale.engine import StepResult, TrainView
-from splatscale.engine.distributed.exchange import (all_to_all, all_to_all_differentiable,
-                                                    exchange_counts, pack, render_rows,
-                                                    rendered_workload, route, unpack)
-from splatscale.engine.distributed.cost_model import FittedRowCost, RowCost
-from splatscale.engine.distributed.partition import Band, partition, tile_row_work
-from splatscale.engine.local import LocalEngine
+from splatscale.engine.distributed.compute import MAX_IMBALANCE, Ranks
+from splatscale.engine.distributed.cost_model import RowCost
+from splatscale.engine.engine import ComposedEngine
+from splatscale.engine.rows import ResidentRows
+from splatscale.engine.state import shard_rows
 from splatscale.model.gaussians import GaussianModel
-from splatscale.render import RenderOutput, Splats, project, rasterize
-from splatscale.step.loss import photometric_loss
-
-# Shards are rebalanced after densification when the largest exceeds the smallest by this.
-MAX_IMBALANCE = 1.1
-
-
-def shard_rows(count: int, rank: int, world: int) -> slice:
-    """The rows of rank ``rank`` in an even, contiguous split of ``count`` rows."""
-    bounds = [count * r // world for r in range(world + 1)]
-    return slice(bounds[rank], bounds[rank + 1])
 
 
 def shard_of(model: GaussianModel, rank: int, world: int) -> GaussianModel:
+    """Rank ``rank``'s even share of ``model``'s rows, copied."""
     rows = shard_rows(len(model), rank, world)
     return GaussianModel(**{n: t.detach()[rows].clone() for n, t in model.parameters().items()},
                          sh_degree=model.sh_degree, keys=model.keys[rows].clone())
 
 
-class DistributedEngine(LocalEngine):
-    """``LocalEngine`` over this rank's shard, with the forward pass shared by all ranks."""
-
-    def __init__(self, shard: GaussianModel, batch_size: int, background: Tensor,
-                 ssim_weight: float = 0.2, balance: str = "cost",
-                 fixed_cost: RowCost | None = None, **storage) -> None:
-        """``balance``: ``cost`` cuts rows of equal estimated cost, with ``fixed_cost``
-        or else with coefficients fitted as the run goes; ``uniform`` equal row counts.
-        ``storage``: the arguments of the engine that keeps the shard, when it is not
-        ``LocalEngine`` (``OffloadedShardEngine``)."""
-        super().__init__(shard, batch_size, background, ssim_weight, **storage)
-        self.balance = balance
-        self.fixed_cost = fixed_cost
-        self.fitted_cost = FittedRowCost()
-        self.max_imbalance = MAX_IMBALANCE
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        self.last_bands: list[list[Band]] = []
-
-    def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
-        cameras = [view.camera for view in batch]
-        rows, working, seen = self._working_set(cameras)
-        splats = project(working, cameras, seen)
-        splats.means2d.retain_grad()
-        work = tile_row_work(splats, cameras)
-        dist.all_reduce(work)
-        self.last_bands = bands = partition(work, cameras, self.world, self.row_cost())
-        received, received_ints = self._exchange(splats, bands, cameras)
-
-        began = time.perf_counter()
-        loss, squared_errors = self._own_loss(batch, bands[self.rank], received, received_ints)
-        # The own bands' backward first, timed: the rest waits for the other ranks.
-        received_grad, = torch.autograd.grad(loss, received)
-        seconds = time.perf_counter() - began
-        received.backward(received_grad)
-        if track_stats:
-            self._track(splats, batch, rows[splats.gaussian_ids])
-        self._gradients_taken(rows, working)
-        reports = torch.zeros(self.world, 3, dtype=torch.float64)
-        reports[self.rank] = torch.tensor([*rendered_workload(work, bands[self.rank], cameras),
-                                           seconds],
-                                          dtype=torch.float64)
-        totals = torch.cat([loss.detach().to(torch.float64)[None], squared_errors,
-                            reports.view(-1)])
-        dist.all_reduce(totals)
-        self.fitted_cost.add(totals[1 + len(batch):].view(self.world, 3))
-        psnrs = [_psnr(float(totals[1 + c]), 3 * v.camera.width * v.camera.height)
-                 for c, v in enumerate(batch)]
-        return StepResult(float(totals[0]), sum(psnrs) / len(psnrs))
-
-    def _own_loss(self, batch: list[TrainView], bands: list[Band], floats: Tensor,
-                  ints: Tensor) -> tuple[Tensor, Tensor]:
-        """This rank's share of the batch's loss, and its squared error per image."""
-        # Every rank's loss must reach the exchange, or its backward collective would hang.
-        loss = 0.0 * floats.sum()
-        squared_errors = torch.zeros(len(batch), dtype=torch.float64)
-        for band in bands:
-            band_loss, error = self._band_loss(band, batch[band.camera], floats, ints)
-            loss = loss + band_loss
-            squared_errors[band.camera] += error
-        return loss / len(batch), squared_errors
-
-    def row_cost(self) -> RowCost | None:
-        """The cost the partition equalises; None for equal row counts."""
-        if self.balance == "uniform":
-            return None
-        return self.fixed_cost or self.fitted_cost.current
-
-    def _exchange(self, splats: Splats, bands: list[list[Band]],
-                  cameras: list[Camera]) -> tuple[Tensor, Tensor]:
-        """The splats this rank renders: float columns (with gradient) and int columns."""
-        send, send_counts = route(splats, bands, cameras)
-        recv_counts = exchange_counts(send_counts)
-        floats, ints = pack(splats)
-        return (all_to_all_differentiable(floats.index_select(0, send), send_counts,
-                                          recv_counts),
-                all_to_all(ints.index_select(0, send), send_counts, recv_counts))
-
-    def _band_loss(self, band: Band, view: TrainView, floats: Tensor,
-                   ints: Tensor) -> tuple[Tensor, float]:
-        """The band's share of its image's loss, and its rows' summed squared error."""
-        camera = view.camera
-        y0, y1 = render_rows(band, camera)
-        out = rasterize(unpack(floats, ints, band.camera, camera), camera.width,
-                        camera.height, rows=(y0, y1), background=self.background)
-        own = (band.rows[0] - y0, band.rows[1] - y0)
-        target = view.target[y0:y1].to(out.rgb.dtype)
-        loss = photometric_loss(out.rgb, target, self.ssim_weight, rows=own,
-                                count=3 * camera.width * camera.height)
-        error = (out.rgb.detach()[own[0]:own[1]].clamp(0, 1) - target[own[0]:own[1]]) ** 2
-        return loss, float(error.sum())
-
-    def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
-                          min_opacity: float, prune_large: bool) -> None:
-        """Densify this rank's shard, then even out the shards if they drifted apart."""
-        super().densify_and_prune(grad_threshold, percent_dense, extent, min_opacity,
-                                  prune_large)
-        self.rebalance()
-
-    def rebalance(self) -> None:
-        """Move Gaussians, with their Adam state, statistics and keys, between ranks so
-        that the shards are an even split of the whole, kept in rank order."""
-        sizes = torch.zeros(self.world, dtype=torch.int64)
-        sizes[self.rank] = len(self.model)
-        dist.all_reduce(sizes)
-        if int(sizes.max()) <= self.max_imbalance * int(sizes.min()):
-            return
-        total, start = int(sizes.sum()), int(sizes[:self.rank].sum())
-        bounds = torch.tensor([total * r // self.world for r in range(1, self.world)])
-        owners = torch.searchsorted(bounds, torch.arange(start, start + len(self.model)),
-                                    right=True)
-        send = torch.bincount(owners, minlength=self.world).tolist()
-        recv = exchange_counts(send)
-        move = lambda name, t: all_to_all(t.detach(), send, recv)  # noqa: E731 - in order
-        self.optimizer.edit(move, move)
-        self.model.set_parameters(self.optimizer.params)
-        self.model.keys = move("keys", self.model.keys)
-        self.stats = type(self.stats)(move("grad_sum", self.stats.grad_sum),
-                                      move("count", self.stats.count))
-        self._rows_changed()
-
-    def any_rank(self, flag: bool) -> bool:
-        agreed = torch.tensor([int(flag)])
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-        return bool(agreed)
-
-    def num_gaussians(self) -> int:
-        count = torch.tensor([len(self.model)])
-        dist.all_reduce(count)
-        return int(count)
-
-    def model_parts(self) -> Iterator[GaussianModel]:
-        """Rank 0 yields the shards in rank order, each received when its turn comes."""
-        self._bring_current()
-        shard = self.model.detach()
-        if self.rank != 0:
-            rows = torch.cat([t.reshape(len(shard), -1) for t in shard.parameters().values()], 1)
-            dist.send(torch.tensor([len(shard)]), 0)
-            dist.send(rows.contiguous(), 0)
-            return
-        yield shard
-        widths = [t[0].numel() for t in shard.parameters().values()]
-        for source in range(1, self.world):
-            count = torch.zeros(1, dtype=torch.int64)
-            dist.recv(count, source)
-            rows = torch.empty(int(count), sum(widths), dtype=shard.means.dtype)
-            dist.recv(rows, source)
-            columns = rows.split(widths, dim=1)
-            yield GaussianModel(**{name: column.reshape(-1, *t.shape[1:]) for (name, t), column
-                                   in zip(shard.parameters().items(), columns)},
-                                sh_degree=shard.sh_degree)
-
-    def non_finite(self) -> int:
-        count = torch.tensor([super().non_finite()])
-        dist.all_reduce(count)
-        return int(count)
-
-    @torch.no_grad()
-    def render(self, camera: Camera) -> RenderOutput:
-        """The whole view on every rank, each rank rendering its rows of it."""
-        self._bring_current()
-        splats = project(self.model, [camera])
-        work = tile_row_work(splats, [camera])
-        dist.all_reduce(work)
-        bands = partition(work, [camera], self.world, self.row_cost())
-        floats, ints = self._exchange(splats, bands, [camera])
-        image = torch.zeros(camera.height, camera.width, 5, dtype=self.model.means.dtype)
-        for band in bands[self.rank]:
-            out = rasterize(unpack(floats, ints, 0, camera), camera.width, camera.height,
-                            rows=band.rows, background=self.background)
-            image[band.rows[0]:band.rows[1]] = torch.cat(
-                [out.rgb, out.alpha[..., None], out.depth[..., None]], dim=-1)
-        dist.all_reduce(image)  # each row comes from one rank, zeros from the others
-        return RenderOutput(image[..., :3], image[..., 3], image[..., 4], (0, camera.height))
-
-    def shard(self) -> tuple[int, int]:
-        return self.rank, self.world
-
-
-def _psnr(squared_error: float, count: int) -> float:
-    mse = squared_error / count
-    return float("inf") if mse == 0 else -10 * math.log10(mse)
+def distributed_engine(shard: GaussianModel, batch_size: int, background: Tensor,
+                       ssim_weight: float = 0.2, balance: str = "cost",
+                       fixed_cost: RowCost | None = None,
+                       max_imbalance: float = MAX_IMBALANCE) -> ComposedEngine:
+    """This rank's engine over its ``shard``; ``balance`` and ``fixed_cost`` as ``Ranks``
+    takes them, shards evened out past ``max_imbalance``."""
+    return ComposedEngine(ResidentRows(shard, batch_size),
+                  Ranks(background, ssim_weight, balance, fixed_cost, max_imbalance))

@@ -1,8 +1,8 @@
-"""GS-Scale's offload engine: the Gaussians and their optimiser state in host memory,
-culling on the device from lagging geometry (``culling``), a host Adam that defers
-untouched rows (``host_adam``), the host update overlapping the next step
-(``pipeline``), one step in ``engine``."""
+"""GS-Scale's offload engine: the Gaussians and their optimiser state in host memory
+(``rows``), culling on the device from lagging geometry (``culling``), a host Adam
+that defers untouched rows (``host_adam``), the host update overlapping the next
+step (``pipeline``), the engine made of it (``engine``)."""
 
-from splatscale.engine.offload.engine import OffloadEngine
+from splatscale.engine.offload.engine import offload_engine
 
-__all__ = ["OffloadEngine"]
+__all__ = ["offload_engine"]

@@ -1,0 +1,176 @@
+"""OffloadedRows (GS-Scale): every Gaussian and all optimiser state in host memory.
+
+The device keeps 44 bytes per Gaussian (``DeviceGeometry``) and one step's
+working set. A step's rows:
+
+1. culled on the device: the Gaussians the batch may see, from the lagging
+   geometry and how far each row can have drifted since it was written
+   (``culling.candidates``);
+2. the candidates' current values, as dense Adam has them now (``DeferredAdam``
+   replays the steps a row missed, and the in-flight update is forwarded);
+   their geometry and opacity go to the device for ``project``'s exact test;
+3. the rest of the visible rows' parameters go to the device, where the
+   engine's step part renders them, takes the loss and runs the backward pass;
+4. the gradients come back; the host Adam updates the visible rows and the
+   rows about to fall ``MAX_SKIPPED_STEPS`` behind, in a worker thread while the
+   device starts the next step (``pipeline``), or at once without forwarding.
+
+The master model, ``GaussianAdam`` state and statistics have the resident
+rows' layout, so densification, the opacity reset, checkpoints and export run
+the same code on them once every row has caught up (``bring_current``); a
+checkpoint moves freely between offloaded and resident rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from splatscale.data.cameras import Camera
+from splatscale.engine.offload.culling import DeviceGeometry, candidates
+from splatscale.engine.offload.host_adam import DeferredAdam
+from splatscale.engine.offload.pipeline import Update, UpdatePipeline
+from splatscale.engine.rows import (WorkingSet, load_rows_state, rows_state, zero_stats)
+from splatscale.engine.state import EngineState
+from splatscale.model.gaussians import GaussianModel
+from splatscale.render.projection import visibility
+from splatscale.step.optimizer import GaussianAdam
+
+GEOMETRY = ("means", "log_scales", "quats")
+EXACT_TEST = (*GEOMETRY, "opacity_logits")  # what project's visibility test reads
+
+
+class OffloadedRows:
+    def __init__(self, model: GaussianModel, batch_size: int, device: str = "cpu",
+                 forwarding: bool | None = None) -> None:
+        """``forwarding`` None: on when the device is not the host's CPU. On a CPU the
+        two halves share the cores, so overlapping them only adds contention."""
+        self.device = torch.device(device)
+        self.model = model.to(device="cpu").requires_grad_(True)
+        self.optimizer = GaussianAdam(self.model.parameters(), batch_size)
+        self.stats = zero_stats(self.model)
+        if forwarding is None:
+            forwarding = self.device.type != "cpu"
+        self.pipeline = UpdatePipeline(forwarding)
+        self.host_adam = DeferredAdam(self.optimizer, len(self.model))
+        self.geometry = self._device_geometry()
+        self.pending: Update | None = None  # this step's gradients, until ``step``
+
+    def _device_geometry(self) -> DeviceGeometry:
+        """The device's copy of the master geometry; every row current."""
+        return DeviceGeometry(
+            *(getattr(self.model, n).detach().to(self.device, copy=True) for n in GEOMETRY),
+            torch.full((len(self.model),), self.host_adam.step_count, dtype=torch.int32,
+                       device=self.device))
+
+    # -- one step ----------------------------------------------------------------------
+
+    def working_set(self, cameras: list[Camera]) -> WorkingSet:
+        """The visible rows, on the device their current values (with gradient), and
+        their visibility: the cull, the forwarded values, the exact test."""
+        rows = self.candidates(cameras)
+        values = self.current(rows)
+        tested = {n: values[n].to(self.device) for n in EXACT_TEST}
+        seen = visibility(self._model({**values, **tested}, rows), cameras)
+        kept = seen.visible.any(dim=0).nonzero()[:, 0]
+        on_device = {n: tested[n][kept] if n in tested else values[n][kept.cpu()].to(self.device)
+                     for n in values}
+        measured = {"host_to_device_bytes": sum(t.nbytes for t in tested.values())
+                    + sum(on_device[n].nbytes for n in on_device if n not in tested),
+                    "candidates": len(rows), "visible": len(kept)}
+        rows = rows[kept.cpu()]
+        return WorkingSet(rows, self._model(on_device, rows).requires_grad_(True),
+                          seen.of_gaussians(kept), measured)
+
+    def candidates(self, cameras: list[Camera]) -> Tensor:
+        """Rows the batch may see, by the device's lagging geometry and drift bound."""
+        since = self.geometry.updated_at.cpu().to(torch.int64)
+        maybe = candidates(self.geometry.means, self.geometry.log_scales,
+                           self.host_adam.reach("means", since).to(self.device),
+                           self.host_adam.reach("log_scales", since).to(self.device), cameras)
+        return maybe.nonzero()[:, 0].cpu()
+
+    def gradients_taken(self, working: WorkingSet) -> None:
+        self.pending = Update(working.rows, {
+            n: (p.grad if p.grad is not None else torch.zeros_like(p)).cpu()
+            for n, p in working.model.parameters().items()})
+
+    def _model(self, values: dict[str, Tensor], rows: Tensor) -> GaussianModel:
+        return GaussianModel(**values, sh_degree=self.model.sh_degree,
+                             keys=self.model.keys[rows].to(self.device))
+
+    def current(self, rows: Tensor) -> dict[str, Tensor]:
+        """``rows`` as dense training has them now, the master arrays untouched."""
+        params = self.model.parameters()
+        return self.host_adam.advance(rows, self.pipeline.gradients_for(rows, params)).params
+
+    def step(self, learning_rates: dict[str, float]) -> None:
+        self._settle()
+        update, self.pending = self.pending, None
+        groups = self.optimizer.next_step_groups()
+        self.host_adam.log_step(learning_rates, set(groups) if update is not None else set())
+        if update is None:
+            return
+        update = self._with_overdue(update)
+        if self.pipeline.forwarding:
+            self.pipeline.submit(update, self.host_adam.advance)
+        else:
+            self.host_adam.update(update.rows, update.grads)
+            self._refresh_geometry(update.rows)
+
+    def _with_overdue(self, update: Update) -> Update:
+        """``update`` and the rows that must not fall further behind (zero gradient)."""
+        rows = torch.cat([update.rows, self.host_adam.overdue()]).unique()
+        position = torch.searchsorted(rows, update.rows)
+        grads = {}
+        for name, grad in update.grads.items():
+            grads[name] = torch.zeros((len(rows), *grad.shape[1:]), dtype=grad.dtype)
+            grads[name][position] = grad
+        return Update(rows, grads)
+
+    def _refresh_geometry(self, rows: Tensor) -> None:
+        """The device's geometry of ``rows``, just made current on the host."""
+        on_device = rows.to(self.device)
+        for name in GEOMETRY:
+            getattr(self.geometry, name).index_copy_(
+                0, on_device, getattr(self.model, name).detach()[rows].to(self.device))
+        self.geometry.updated_at[on_device] = self.host_adam.step_count
+
+    def _settle(self) -> None:
+        """The in-flight update written to the host arrays and the device geometry."""
+        advanced = self.pipeline.settle()
+        if advanced is not None:
+            self.host_adam.write(advanced)
+            self._refresh_geometry(advanced.rows)
+
+    # -- the rest of the contract ----------------------------------------------------------
+
+    def bring_current(self) -> None:
+        """Every row current in the master arrays (and the device geometry)."""
+        self._settle()
+        self._refresh_geometry(self.host_adam.catch_up_all())
+
+    def rows_replaced(self) -> None:
+        """Every row is current (``bring_current`` came first); the step's gradients
+        belong to rows that are gone, so no group is stepped with them."""
+        self.host_adam.resized(len(self.model))
+        self.geometry = self._device_geometry()
+        self.pending = None
+
+    def state_dict(self) -> EngineState:
+        return rows_state(self)
+
+    def load_state_dict(self, state: EngineState) -> None:
+        self._settle()
+        load_rows_state(self, state, home=torch.device("cpu"))
+        self.host_adam = DeferredAdam(self.optimizer, len(self.model))
+        self.geometry = self._device_geometry()
+
+    def memory_per_gaussian(self) -> dict[str, int]:
+        """Persistent bytes per Gaussian: on the device, and in host memory."""
+        host = sum(t[0].nbytes for t in (*self.model.parameters().values(),
+                                          *self.optimizer.exp_avg.values(),
+                                          *self.optimizer.exp_avg_sq.values(),
+                                          self.model.keys, self.host_adam.updated_at,
+                                          self.stats.grad_sum, self.stats.count))
+        return {"device": self.geometry.nbytes_per_gaussian(), "host": host}

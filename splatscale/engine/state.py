@@ -1,0 +1,60 @@
+"""The engine state that checkpoints hold, its schema, and the row operations on it.
+
+An engine's ``state_dict()`` is an ``EngineState`` of the Gaussians it holds (all
+of them, or its rank's shard), as CPU tensors. Every per-Gaussian tensor has
+one row per Gaussian, in the same order, so a state splits and joins by rows:
+a checkpoint saved by W ranks is read by any number of ranks.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypedDict
+
+import torch
+from torch import Tensor
+
+
+class EngineState(TypedDict):
+    model: dict[str, Tensor]      # GaussianModel.parameters(): means, quats, ... per row
+    sh_degree: int                # the SH degree in use
+    optimizer: dict               # GaussianAdam.state_dict(): exp_avg and exp_avg_sq per
+                                  # group (rows), steps per group, batch_size
+    stats: dict[str, Tensor]      # densification statistics per row: grad_sum, count
+    keys: Tensor                  # [N] int64: each Gaussian's name, whatever its row
+    densify_events: int           # densifications so far (they seed the new keys)
+
+
+def state_size(state: EngineState) -> int:
+    """How many Gaussians ``state`` holds."""
+    return len(state["keys"])
+
+
+def shard_rows(count: int, rank: int, world: int) -> slice:
+    """The rows of rank ``rank`` in an even, contiguous split of ``count`` rows."""
+    bounds = [count * r // world for r in range(world + 1)]
+    return slice(bounds[rank], bounds[rank + 1])
+
+
+def _map_rows(state: EngineState, rows: Callable[[list[Tensor]], Tensor], others: list[EngineState]) -> EngineState:
+    """``state`` with every per-Gaussian tensor replaced by ``rows`` of it and of the
+    same tensor in ``others``; the rest (step counts, SH degree) taken from ``state``."""
+    def per_row(get: Callable[[dict], Tensor]) -> Tensor:
+        return rows([get(s) for s in [state, *others]])
+
+    optimizer = dict(state["optimizer"])
+    for kind in ("exp_avg", "exp_avg_sq"):
+        optimizer[kind] = {n: per_row(lambda s, n=n, kind=kind: s["optimizer"][kind][n])
+                           for n in state["optimizer"][kind]}
+    return dict(state, optimizer=optimizer, keys=per_row(lambda s: s["keys"]),
+                model={n: per_row(lambda s, n=n: s["model"][n]) for n in state["model"]},
+                stats={n: per_row(lambda s, n=n: s["stats"][n]) for n in state["stats"]})
+
+
+def state_rows(state: EngineState, rows: slice) -> EngineState:
+    """The part of ``state`` that holds Gaussians ``rows``."""
+    return _map_rows(state, lambda tensors: tensors[0][rows].clone(), [])
+
+
+def concat_states(states: list[EngineState]) -> EngineState:
+    """Engine states of consecutive parts of the Gaussians, as one."""
+    return _map_rows(states[0], torch.cat, states[1:])
