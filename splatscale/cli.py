@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from splatscale import launch
-from splatscale.errors import run_reported
+from splatscale.errors import interrupt, run_reported
 from splatscale.threads import usable_cores
 
 TRAIN_HELP = """Train a 3DGS model. --iterations counts images seen, as Grendel does:
@@ -42,6 +42,12 @@ def _integer(low: int, high: int | None = None):
             raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
         return value
     return parse
+
+
+def _folder(text: str) -> Path:
+    """An argparse type: a path with ``a/../b`` read as ``b``, so that a run makes only
+    the folders it names (and removes them again if it is refused)."""
+    return Path(os.path.normpath(text))
 
 
 def _positive_float(text: str) -> float:
@@ -77,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a model", description=TRAIN_HELP)
     train.add_argument("data", nargs="?", default=None,
                        help="COLMAP folder or transforms.json scene (default: built-in demo)")
-    train.add_argument("-o", "--output", type=Path, required=True)
+    train.add_argument("-o", "--output", type=_folder, required=True)
     train.add_argument("--eval", action="store_true", help="hold out every 8th image for test")
     train.add_argument("--iterations", type=_integer(1), default=None,
                        help="images to train on (default 30000; with --resume, the run's own)")
@@ -159,9 +165,10 @@ def main(argv: list[str] | None = None) -> int:
     # torch's C++ side logs a failed connection or a closed peer as it raises it; the
     # Python error that follows is reported in one line (read before torch loads).
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        # Until training takes it over, SIGTERM stops quietly, as Ctrl-C does.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+            # Until training takes them over, both stop quietly.
+            signal.signal(signum, interrupt)
     return run_reported(lambda: _run(args))
 
 

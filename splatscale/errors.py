@@ -12,7 +12,6 @@ and exits with ``QUIET_EXIT``, so that the launcher knows who spoke.
 
 from __future__ import annotations
 
-import os
 import sys
 import traceback
 from typing import Callable
@@ -26,7 +25,7 @@ class SplatscaleError(Exception):
     """Base of the errors the CLI reports as one line, without a traceback."""
 
     exit_code = 2
-    voice = "self"  # who says it among ranks: "self", "rank 0", or "local 0" (one a machine)
+    voice = "self"  # who says it among ranks: "self" (the rank that met it) or "rank 0"
 
 
 class DataError(SplatscaleError, ValueError):
@@ -49,6 +48,18 @@ class Interrupted(SplatscaleError):
 
 class StoppedByPeer(Exception):
     """Another rank failed (and says why); this one stops without a word."""
+
+
+_signalled = False  # a stop signal arrived before training took the signals over
+
+
+def interrupt(signum: int, frame) -> None:
+    """A stop signal's handler until training takes them over: stop now, and remember
+    why, so that an import the KeyboardInterrupt cut short (numpy's, say, which then
+    fails oddly) reads as the interruption it is, not as a bug."""
+    global _signalled
+    _signalled = True
+    raise KeyboardInterrupt
 
 
 # What gloo says when a peer process has gone or stopped answering.
@@ -79,7 +90,7 @@ def _report(error: BaseException, me: int | None) -> int:
     if me is not None and lost_peer(error):
         return QUIET_EXIT
     prefix = f"rank {me}: " if me is not None else ""
-    if isinstance(error, KeyboardInterrupt):
+    if isinstance(error, KeyboardInterrupt) or _signalled:
         if me in (None, 0):
             say("interrupted")
             return 130
@@ -99,8 +110,4 @@ def _report(error: BaseException, me: int | None) -> int:
 
 
 def _speaks(voice: str, me: int | None) -> bool:
-    if me is None or voice == "self":
-        return True
-    if voice == "local 0":
-        return os.environ.get("LOCAL_RANK", "0") == "0"
-    return me == 0
+    return me is None or voice == "self" or me == 0

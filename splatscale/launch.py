@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from splatscale.errors import QUIET_EXIT, SplatscaleError
+from splatscale.errors import QUIET_EXIT, SplatscaleError, interrupt
 from splatscale.messages import say
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -149,7 +149,7 @@ def as_launched_rank() -> None:
         return
     _die_with_parent()
     for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.default_int_handler)
+        signal.signal(signum, interrupt)
     readable, _, _ = select.select([int(os.environ[STOP_PIPE])], [], [], 0)
     if readable:  # a stop byte, or the end of the pipe: the launcher is gone
         raise KeyboardInterrupt

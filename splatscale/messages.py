@@ -22,11 +22,10 @@ _held: list[str] | None = None
 def rank() -> int | None:
     """This process' rank when it is one of several; None when it trains alone."""
     try:
-        if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-            return int(os.environ["RANK"])
+        world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ["RANK"])
     except (KeyError, ValueError):  # a launcher's bad variables are reported elsewhere
-        pass
-    return None
+        return None
+    return rank if world > 1 and 0 <= rank < world else None
 
 
 def speaks() -> bool:

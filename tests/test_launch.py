@@ -109,17 +109,24 @@ def test_a_signal_to_the_launcher_reaches_every_rank(signum, two_rank_run, tmp_p
     resumes(out, two_rank_run / "cache")
 
 
-def test_a_signal_while_ranks_start_stops_them_quietly(two_rank_run, tmp_path):
+@pytest.mark.parametrize("delay", [0.0, 1.5, 3.0])
+def test_a_signal_while_ranks_start_stops_them_quietly(delay, two_rank_run, tmp_path):
+    """Sent as the ranks start, or while they load torch and numpy (an import cut
+    short fails oddly), or while they read the scene."""
     out = tmp_path / "run"
     process = train(out, two_rank_run / "cache", "--iterations", "100000", "--nproc", "2")
     deadline = time.monotonic() + 60
-    while len(children_of(process.pid)) < 2:  # the ranks are starting: torch is loading
+    while len(children_of(process.pid)) < 2:
         assert time.monotonic() < deadline and process.poll() is None
         time.sleep(0.05)
+    time.sleep(delay)
     process.send_signal(signal.SIGINT)
     code, err = finished(process, timeout=120)
-    assert code == 130 and err.strip() == "splatscale: interrupted", err
-    assert not out.exists()
+    assert code == 130 and "Traceback" not in err, err
+    lines = err.strip().splitlines()
+    assert lines == ["splatscale: interrupted"] or (
+        len(lines) == 2 and "finishing this step" in lines[0]
+        and "saved, --resume continues" in lines[1]), err
 
 
 def test_ranks_whose_launcher_dies_stop_with_a_checkpoint(two_rank_run, tmp_path):
@@ -151,7 +158,7 @@ def test_a_rank_whose_peers_never_arrive_says_how_many_joined(tmp_path):
     assert_clean_error(code, err, "1 of 2 ranks joined at 127.0.0.1:", "within 2 s")
     assert not (tmp_path / "run").exists()
 
-    environment["RANK"] = "1"  # and no rank 0 to answer
+    environment.update(RANK="1", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")  # no rank 0 answers
     code, err = finished(splatscale("train", "-o", str(tmp_path / "run"), "--quiet",
                                     "--join-timeout", "2", env=environment))
     assert_clean_error(code, err, "rank 0 at MASTER_ADDR:MASTER_PORT=127.0.0.1:",

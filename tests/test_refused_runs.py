@@ -101,6 +101,13 @@ def test_a_refused_run_changes_nothing(case, mode, earlier_run, tmp_path, capsys
     assert not (tmp_path / "new").exists(), "a refused new run leaves no folder behind"
 
 
+def test_a_refused_run_through_dot_dot_leaves_no_folder(earlier_run, tmp_path, capsys):
+    code = main(["train", "-o", str(tmp_path / "a" / ".." / "b"), "--batch-size", "40",
+                 "--quiet", "--cache-dir", str(earlier_run / "cache")])
+    assert_clean_error(code, capsys.readouterr().err, "a batch holds distinct views")
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("variables, fragment", [
     ({"WORLD_SIZE": "2"}, "environment variable RANK is not set, but WORLD_SIZE=2 is"),
     ({"WORLD_SIZE": "two"}, "environment variable WORLD_SIZE='two': not an integer"),
@@ -109,6 +116,7 @@ def test_a_refused_run_changes_nothing(case, mode, earlier_run, tmp_path, capsys
      "environment variable MASTER_PORT=99999: must be between 1 and 65535"),
     ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_PORT": "29500"},
      "environment variable MASTER_ADDR is not set"),
+    ({"RANK": "0"}, "environment variable RANK='0' is set, but WORLD_SIZE is not"),
 ])
 def test_the_launchers_environment_is_checked_as_input(variables, fragment, earlier_run,
                                                         tmp_path, capsys, monkeypatch):

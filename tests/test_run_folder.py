@@ -72,7 +72,8 @@ def test_resume_cleans_up_and_continues_the_run_it_finds(tmp_path, cache, capsys
     # A killed continuation: log lines past the checkpoint, a half-written checkpoint.
     with open(out / "metrics.jsonl", "a") as log:
         log.write(json.dumps({"step": 30, "images": 30}) + "\n" + '{"step": 40, "ima')
-    (out / ".checkpoint.pt.k1ll3d.tmp").write_bytes(b"half")
+    (out / ".checkpoint.pt.k1ll3d_x.tmp").write_bytes(b"half")
+    (out / ".notes.tmp").write_text("the user's own, of that shape")
     capsys.readouterr()
 
     assert train(out, cache, "--resume", "--iterations", "40", "--batch-size", "4") == 0
@@ -80,7 +81,7 @@ def test_resume_cleans_up_and_continues_the_run_it_finds(tmp_path, cache, capsys
     assert "--batch-size 4 ignored: the resumed run keeps 1" in err
     assert "the run now ends after 40 images (it was to end after 20)" in err
     assert [m["images"] for m in metrics(out)] == [10, 20, 30, 40], "each step logged once"
-    assert not list(out.glob(".*.tmp"))
+    assert [p.name for p in out.glob(".*.tmp")] == [".notes.tmp"]
 
     # Without --iterations a resume goes to the run's own end, here already reached.
     assert train(out, cache, "--resume") == 0

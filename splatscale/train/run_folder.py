@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 from contextlib import contextmanager
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Iterator
 
@@ -29,6 +31,7 @@ METRICS = "metrics.jsonl"
 RUN_FILES = ("config.json", METRICS, CHECKPOINT, "point_cloud.ply", "report.json")
 RUN_GLOBS = ("point_cloud_*.ply", CHECKPOINT + ".*.rank*")  # the models saved on the way, shards
 RUN_FOLDERS = ("renders",)
+TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")  # tempfile.mkstemp's names
 
 
 class RunFolder:
@@ -80,6 +83,9 @@ class RunFolder:
 
     def _make_folders(self) -> list[Path]:
         """Make the folder and its missing parents; those it made, outermost first."""
+        if self.path.is_symlink() and not self.path.exists():
+            raise SplatscaleError(f"{self.path}: a link to {os.readlink(self.path)}, which "
+                                  "does not exist")
         if self.path.exists() and not self.path.is_dir():
             raise SplatscaleError(f"{self.path}: exists and is not a folder")
         missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
@@ -122,9 +128,20 @@ class RunFolder:
             self.truncate_metrics(resume_at)
 
     def _remove_temporaries(self) -> None:
-        """Half-written files of a killed run (``atomic_path`` names them ``.NAME.*.tmp``)."""
+        """Half-written files of a killed run: ``atomic_path``'s ``.NAME.XXXXXXXX.tmp``
+        for the run's own files (a user's files of that shape stay)."""
         for stale in self.path.rglob(".*.tmp"):
-            stale.unlink(missing_ok=True)
+            written = TEMPORARY.fullmatch(stale.name)
+            if written and self._writes(stale.parent / written["name"]):
+                stale.unlink(missing_ok=True)
+
+    def _writes(self, path: Path) -> bool:
+        """Whether a run writes ``path``: one of its files, or a render of its own."""
+        relative = path.relative_to(self.path)
+        if len(relative.parts) == 1:
+            return (relative.name in RUN_FILES
+                    or any(fnmatch(relative.name, glob) for glob in RUN_GLOBS))
+        return relative.parts[0] in RUN_FOLDERS and relative.suffix == ".png"
 
     def clear_previous_run(self) -> None:
         """Remove an earlier run's files (``--overwrite``); other files stay."""

@@ -202,8 +202,10 @@ class Trainer:
 
     def finish(self) -> dict:
         o = self.options
-        self._save_model(o.output / "point_cloud.ply")
+        # The checkpoint first: a model that fails to be written then leaves the
+        # previous one beside a checkpoint that resumes to write it.
         self.save_checkpoint()
+        self._save_model(o.output / "point_cloud.ply")
         report = {
             "num_gaussians": self.engine.num_gaussians(),
             "iterations": self.images_seen,

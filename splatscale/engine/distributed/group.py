@@ -28,15 +28,14 @@ T = TypeVar("T")
 
 
 class JoinError(SplatscaleError):
-    """The ranks did not all arrive: every rank that waited meets it."""
+    """The ranks did not all arrive: every rank that waited meets it, so rank 0 says
+    it, unless rank 0 is one of those missing."""
 
     voice = "rank 0"
 
 
 class UnreachableError(SplatscaleError):
-    """Rank 0 cannot be reached: said once per machine."""
-
-    voice = "local 0"
+    """Rank 0 cannot be reached: each rank that tried says so."""
 
 
 @dataclass(frozen=True)
@@ -50,9 +49,13 @@ class Ranks:
 
 
 def from_environment() -> Ranks | None:
-    """This process' place in a group started by torchrun or ``spawn``; None alone.
-    A variable that is missing or wrong is refused, naming it."""
+    """This process' place in a group started by torchrun or ``--nproc``'s launcher;
+    None alone. A variable that is missing or wrong is refused, naming it."""
     if "WORLD_SIZE" not in os.environ:
+        if "RANK" in os.environ:
+            raise SplatscaleError(f"environment variable RANK={os.environ['RANK']!r} is set, "
+                                  "but WORLD_SIZE is not: set both (torchrun does), or "
+                                  "neither to train alone")
         return None
     world = _variable("WORLD_SIZE", 1)
     if world == 1:
@@ -96,14 +99,18 @@ def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT) -> None:
     if dist.is_initialized():
         return
     store = _store(ranks, timeout)
+    store.set(f"rank{ranks.rank}", "joined")
     store.add("joined", 1)
     deadline = time.monotonic() + timeout
     while (joined := store.add("joined", 0)) < ranks.world:
         if time.monotonic() > deadline:
-            raise JoinError(f"{joined} of {ranks.world} ranks joined at {ranks.address}:"
-                            f"{ranks.port} within {timeout:g} s; check that every rank was "
-                            f"started (WORLD_SIZE={ranks.world}) and can reach that address, "
-                            "or wait longer with --join-timeout")
+            error = JoinError(f"{joined} of {ranks.world} ranks joined at {ranks.address}:"
+                              f"{ranks.port} within {timeout:g} s; check that every rank was "
+                              f"started (WORLD_SIZE={ranks.world}) and can reach that "
+                              "address, or wait longer with --join-timeout")
+            if not store.check(["rank0"]):
+                error.voice = "self"  # rank 0 is missing: nobody else would say it
+            raise error
         time.sleep(0.05)
     store.set_timeout(TIMEOUT)
     dist.init_process_group("gloo", store=store, rank=ranks.rank, world_size=ranks.world,
