@@ -1,8 +1,8 @@
 """Keep freed memory in the process: glibc's malloc otherwise maps each allocation
 above its threshold (128 KiB at first) afresh with mmap and unmaps it when freed, so
 every step's image- and splat-sized buffers are faulted in page by page and zeroed
-by the kernel, every step (measured on a 2-core machine: SSIM of a 495x371 image 28
--> 13 ms). With the thresholds raised, a freed buffer serves the next step's."""
+by the kernel, every step. With the thresholds raised, a freed buffer serves the
+next step's (docs/benchmarks.md has what it saved)."""
 
 from __future__ import annotations
 

@@ -84,12 +84,11 @@ def _exp_neg_overload(s):
         return lambda s: math.exp(-s)
     # exp(-s) = 2^-n exp(r), n = round(s / ln 2), |r| <= ln2/2; exp(r) by its degree-6
     # Chebyshev interpolant on that interval (error 2e-9, near minimax; Taylor needs
-    # degree 7 for it, and one more multiply-add per pixel costs 3-7 % of a kernel):
-    # relative error 1.2e-7 in float32, branch-free. The kernels wait on this chain
-    # (a splat's few pixels give the CPU little else to do), so it is kept short: r
-    # in one multiply-add with ln 2 rounded to float32 (n <= 15 adds 3e-8 at most),
-    # and the polynomial in Estrin's form, three multiply-adds deep, not Horner's six
-    # (forward 0.93x the time, backward 0.97x).
+    # degree 7 for it, one more multiply-add per pixel): relative error 1.2e-7 in
+    # float32, branch-free. The kernels wait on this chain (a splat's few pixels give
+    # the CPU little else to do), so it is kept short: r in one multiply-add with ln 2
+    # rounded to float32 (n <= 15 adds 3e-8 at most), and the polynomial in Estrin's
+    # form, three multiply-adds deep, not Horner's six.
     f32 = np.float32
     zero, cap, half = f32(0), f32(SIGMA_CAP), f32(0.5)
     log2e, ln2 = f32(1.0 / math.log(2.0)), f32(math.log(2.0))
