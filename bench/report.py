@@ -1,5 +1,6 @@
 """How the benchmarks print their result: one JSON line, with the CPU threading that
-produced it (numba's layer differs by machine, and with it the speed)."""
+produced it (numba's layer differs by machine, and with it the speed). It reads
+numba alone, so that ``bench/train.py --baseline`` runs it with older splatscales."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import json
 
 import numba
 
-from splatscale.threads import threading_layer
-
 
 def emit(result: dict) -> None:
-    print(json.dumps({**result, "threading_layer": threading_layer(),
+    try:
+        layer = numba.threading_layer()
+    except ValueError:  # no parallel kernel ran
+        layer = "none"
+    print(json.dumps({**result, "threading_layer": layer,
                       "numba_threads": numba.get_num_threads()}))
