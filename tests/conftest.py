@@ -15,6 +15,7 @@ from splatscale.engine import TrainView
 from splatscale.model.gaussians import SH_REST, GaussianModel
 from splatscale.model.init import nearest_neighbour_scales
 from splatscale.render import render
+from splatscale.step.mcmc import Regularisers
 
 TEST_DATA = Path(__file__).resolve().parent / "data"
 
@@ -92,9 +93,38 @@ def densifying_run(engine, views: list[TrainView],
                          grad_threshold=5e-3)
 
 
+# densifying_scene's model has 60 Gaussians and 44 candidates at the first
+# densification: a budget of 70 densifies 10 of them, then none.
+BINDING_BUDGET = 70
+
+
+def capped_run(engine, views: list[TrainView], steps: range = range(TRAIN_STEPS)) -> list[float]:
+    """``densifying_run`` under a budget that binds."""
+    return scheduled_run(engine, views, 2, steps, densify={3: False, 8: True}, reset=6,
+                         grad_threshold=5e-3, max_gaussians=BINDING_BUDGET)
+
+
+def mcmc_run(engine, views: list[TrainView], batch_size: int = 2,
+             steps: range = range(TRAIN_STEPS)) -> list[float]:
+    """The Trainer's MCMC step order: regularised steps, relocation and growth to
+    ``BINDING_BUDGET`` at steps 3 and 8 (opacity 0.3 counting as dead, so that some
+    move), noise after every step; the losses."""
+    losses = []
+    for step in steps:
+        batch = [views[(batch_size * step + i) % len(views)] for i in range(batch_size)]
+        losses.append(engine.forward_backward(batch, track_stats=False,
+                                              regularisers=Regularisers()).loss)
+        engine.optimizer_step(TRAIN_RATES)
+        if step in (3, 8):
+            engine.relocate_and_add(BINDING_BUDGET, min_opacity=0.3)
+        engine.inject_noise(scale=200.0, step=step)
+    return losses
+
+
 def scheduled_run(engine, views: list[TrainView], batch_size: int, steps: range,
                   densify: dict[int, bool], reset: int, grad_threshold: float,
-                  after_forward: Callable = lambda engine: None) -> list[float]:
+                  after_forward: Callable = lambda engine: None,
+                  max_gaussians: int | None = None) -> list[float]:
     """The Trainer's step order over ``steps``: batches taken from ``views`` in turn,
     densification at the steps of ``densify`` (pruning large ones where it says True),
     an opacity reset at step ``reset``; the losses."""
@@ -105,7 +135,8 @@ def scheduled_run(engine, views: list[TrainView], batch_size: int, steps: range,
         after_forward(engine)
         if step in densify:
             engine.densify_and_prune(grad_threshold=grad_threshold, percent_dense=0.15,
-                                     extent=2.0, min_opacity=0.005, prune_large=densify[step])
+                                     extent=2.0, min_opacity=0.005, prune_large=densify[step],
+                                     max_gaussians=max_gaussians)
         if step == reset:
             engine.reset_opacity()
         engine.optimizer_step(TRAIN_RATES)

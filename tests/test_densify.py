@@ -61,3 +61,29 @@ def test_opacity_reset_clamps_and_forgets_moments():
     assert model.opacities[5] < 0.001, "already fainter: unchanged"
     assert (optimizer.exp_avg["opacity_logits"] == 0).all()
     assert optimizer.params["opacity_logits"] is model.opacity_logits
+
+
+def test_a_budget_densifies_the_largest_gradients_first():
+    model, optimizer, _ = setup()
+    before = model.detach()
+    # Candidates: 3 (large: a split) above the tie of 0 and 1 (small: clones) above 2.
+    stats = DensifyStats(torch.tensor([3e-3, 3e-3, 1e-3, 5e-3, 0, 0]), torch.ones(6))
+    winner = 0 if before.keys[0] < before.keys[1] else 1
+    densify_and_prune(model, optimizer, stats, grad_threshold=2e-4, percent_dense=0.1,
+                      extent=1.0, min_opacity=0.005, prune_large=False, event=0,
+                      max_gaussians=8)
+    # Room for 2: 3 split, the tie's smaller key cloned; then the faint 5 pruned.
+    assert len(model) == 7
+    means = model.means.detach()
+
+    def copies(i: int) -> int:
+        return int((means == before.means[i]).all(dim=1).sum())
+    assert copies(3) == 0 and copies(winner) == 2 and copies(1 - winner) == 1
+    assert copies(2) == 1
+
+
+def test_a_budget_already_reached_only_prunes():
+    model, optimizer, stats = setup()
+    densify_and_prune(model, optimizer, stats, 2e-4, 0.1, extent=1.0, min_opacity=0.005,
+                      prune_large=False, event=0, max_gaussians=6)
+    assert len(model) == 5

@@ -23,7 +23,10 @@ from splatscale.engine.local import local_engine
 from splatscale.model.ply import read_ply
 from splatscale.train.checkpoint import KEYS, load_checkpoint, save_checkpoint
 from tests.conftest import TRAIN_STEPS as STEPS
-from tests.conftest import densifying_run, densifying_scene, state_by_key
+from tests.conftest import capped_run, densifying_run, densifying_scene, mcmc_run, state_by_key
+
+# 3DGS under a budget that binds, and MCMC: each equal to the single process too.
+STRATEGY_RUNS = {"capped": capped_run, "mcmc": mcmc_run}
 
 
 def gather_rows(tensor: Tensor) -> Tensor:
@@ -81,6 +84,13 @@ def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
     engine = distributed_engine(shard_of(model, rank, world), 2, torch.zeros(3),
                                max_imbalance=1.0)  # rebalance after every densification
     results["losses"] = densifying_run(engine, views)
+    for name, run in STRATEGY_RUNS.items():
+        strategy_engine = distributed_engine(shard_of(model, rank, world), 2, torch.zeros(3),
+                                             max_imbalance=1.0)
+        losses = run(strategy_engine, views)
+        results[name] = (losses, {n: gather_rows(t.detach()) for n, t in
+                          strategy_engine.model.parameters().items()},
+                         gather_rows(strategy_engine.model.keys))
     results["shards"] = gather_rows(torch.tensor([len(engine.model)]))
     results["render"] = engine.render(views[1].camera)
     results["parts"] = [part.means for part in engine.model_parts()]  # rank 0's view
@@ -113,8 +123,15 @@ def single_process():
         loss = engine.forward_backward(views[:batch_size], track_stats=True).loss
         steps[batch_size] = (loss, step_state(engine, engine.model.keys))
     engine = local_engine(model.detach(), 2, torch.zeros(3))
+    runs = {}
+    for name, run in STRATEGY_RUNS.items():
+        strategy_engine = local_engine(model.detach(), 2, torch.zeros(3))
+        runs[name] = (run(strategy_engine, views),
+                      by_key(strategy_engine.model.keys,
+                             {n: t.detach() for n, t in
+                              strategy_engine.model.parameters().items()}))
     return {"steps": steps, "losses": densifying_run(engine, views), "state": engine.state_dict(),
-            "render": engine.render(views[1].camera)}
+            "render": engine.render(views[1].camera), **runs}
 
 
 @pytest.mark.parametrize("world", [1, 2, 3])
@@ -144,6 +161,15 @@ def test_ranks_equal_the_single_process(world, single_process, tmp_path):
     assert len(want["keys"]) != 60, "densification must have happened"
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-14, msg=name)
+    for strategy in STRATEGY_RUNS:
+        want_losses, want = single_process[strategy]
+        losses, params, keys = ranks[strategy]
+        assert losses == pytest.approx(want_losses, rel=1e-9), strategy
+        got = by_key(keys, params)
+        assert torch.equal(got["keys"], want["keys"]), strategy
+        for name in want:
+            torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-14,
+                                       msg=lambda m, name=name: f"{strategy} {name}: {m}")
 
 
 def test_resume_at_other_world_sizes_continues_the_run(single_process, tmp_path):

@@ -24,8 +24,8 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.render import render
 from splatscale.render.projection import visibility
 from splatscale.step.optimizer import GaussianAdam
-from tests.conftest import (look_at_camera, orbit_cameras, random_model, scheduled_run,
-                            state_by_key)
+from tests.conftest import (capped_run, densifying_scene, look_at_camera, mcmc_run,
+                            orbit_cameras, random_model, scheduled_run, state_by_key)
 
 STEPS = 50
 
@@ -94,6 +94,18 @@ def test_offloaded_training_equals_local(local_runs, dtype, rtol, batch_size, fo
     assert_same_sets(engine.state_dict(), expected, rtol)
     if batch_size == 1:  # the deferred path carried real weight
         assert np.mean(touched) < 0.6
+
+
+# Under a budget, and MCMC (whose regularisers give every row a gradient each step).
+@pytest.mark.parametrize("run", [capped_run, mcmc_run])
+@pytest.mark.parametrize("forwarding", [True, False])
+def test_offloaded_strategies_equal_local(run, forwarding):
+    views, model = densifying_scene()
+    local = local_engine(model.detach(), 2, torch.zeros(3))
+    expected_losses = run(local, views)
+    engine = offload_engine(model.detach(), 2, torch.zeros(3), forwarding=forwarding)
+    np.testing.assert_allclose(run(engine, views), expected_losses, rtol=0)
+    assert_same_sets(engine.state_dict(), local.state_dict(), 0.0)
 
 
 def dense_and_deferred(seed: int, rows: int = 300):
@@ -217,7 +229,12 @@ def offloaded_rank(rank: int, world: int, init_file: str, out: str) -> None:
                                   torch.zeros(3, dtype=torch.float64), forwarding=rank == 0,
                                   max_imbalance=1.0)  # rebalance after every densification
     losses, touched = train(engine, views, 2, range(SHARDED_STEPS))
-    torch.save((losses, touched, engine.state_dict()), f"{out}.{rank}")
+    views, model = densifying_scene()
+    mcmc = offloaded_shard_engine(shard_of(model, rank, world), 2, torch.zeros(3),
+                                  forwarding=rank == 0, max_imbalance=1.0)
+    mcmc_losses = mcmc_run(mcmc, views)
+    torch.save((losses, touched, engine.state_dict(), mcmc_losses, mcmc.state_dict()),
+               f"{out}.{rank}")
     dist.destroy_process_group()
 
 
@@ -230,7 +247,11 @@ def test_ranks_that_offload_their_shards_equal_one_device(tmp_path):
     ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(2)]
     np.testing.assert_allclose(ranks[0][0], expected_losses, rtol=1e-9)
     assert np.mean(ranks[0][1]) < 0.9  # rows were deferred on the ranks too
-    assert_same_sets(concat_states([state for _, _, state in ranks]), local.state_dict(), 1e-9)
+    assert_same_sets(concat_states([rank[2] for rank in ranks]), local.state_dict(), 1e-9)
+    views, model = densifying_scene()
+    local = local_engine(model.detach(), 2, torch.zeros(3))
+    np.testing.assert_allclose(ranks[0][3], mcmc_run(local, views), rtol=1e-9)
+    assert_same_sets(concat_states([rank[4] for rank in ranks]), local.state_dict(), 1e-9)
 
 
 def test_the_cli_offloads_and_resumes_on_one_device(tmp_path):

@@ -1,16 +1,18 @@
 """Results do not depend on where Gaussians are stored: training a permuted copy of a
-model, through clones, splits, pruning and an opacity reset, gives the same model
-and optimiser state as sets of Gaussians (DESIGN: "Order independence")."""
+model, through clones, splits, pruning and an opacity reset (under a budget or
+not), or through MCMC's relocation, growth and noise, gives the same model and
+optimiser state as sets of Gaussians (DESIGN: "Order independence")."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from splatscale.engine.engine import ComposedEngine
 from splatscale.engine.local import local_engine
 from splatscale.model.gaussians import GaussianModel
 from splatscale.step.keyed_random import keyed_hash, keyed_normal, mix
-from tests.conftest import densifying_run, densifying_scene
+from tests.conftest import capped_run, densifying_run, densifying_scene, mcmc_run
 
 MASK = (1 << 64) - 1
 
@@ -56,17 +58,21 @@ def by_key(engine: ComposedEngine) -> dict:
     return state
 
 
-def test_storage_order_does_not_change_training():
+@pytest.mark.parametrize("run", [densifying_run, capped_run, mcmc_run])
+def test_storage_order_does_not_change_training(run):
     views, model = densifying_scene()
     order = torch.randperm(len(model), generator=torch.Generator().manual_seed(0))
     engines = [local_engine(m, batch_size=2, background=torch.zeros(3))
                for m in (model.detach(), permuted(model, order))]
     for engine in engines:
-        densifying_run(engine, views)
+        run(engine, views)
 
     a, b = by_key(engines[0]), by_key(engines[1])
     assert torch.equal(a["keys"], b["keys"])
     born = ~torch.isin(a["keys"], model.keys)
-    assert born.sum() >= 10 and (~born).sum() < len(model), "clones, splits and prunes happen"
+    assert born.sum() >= 5 and (~born).sum() < len(model), "Gaussians are born and removed"
+    # Clones tie in depth with their parents: their blending order, and so the
+    # rounding of the sums they enter, follows storage order.
     for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=1e-12, atol=0, msg=name)
+        scale = float(a[name].abs().max().to(torch.float64))
+        torch.testing.assert_close(a[name], b[name], rtol=1e-12, atol=1e-12 * scale, msg=name)

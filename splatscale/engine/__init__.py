@@ -41,7 +41,7 @@ partition, balancer and sparse all-to-all). ``local_engine``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import TYPE_CHECKING, Iterator, Protocol
 
 from torch import Tensor
 
@@ -49,6 +49,9 @@ from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
 from splatscale.engine.state import EngineState
 from splatscale.render import RenderOutput
+
+if TYPE_CHECKING:
+    from splatscale.step.mcmc import Regularisers
 
 
 @dataclass
@@ -68,14 +71,31 @@ class StepResult:
 
 
 class Engine(Protocol):
-    def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult: ...
+    def forward_backward(self, batch: list[TrainView], track_stats: bool,
+                         regularisers: "Regularisers | None" = None) -> StepResult:
+        """With ``regularisers``, their gradient over every Gaussian is added to the
+        step's (MCMC)."""
+        ...
 
     def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
-                          min_opacity: float, prune_large: bool) -> None: ...
+                          min_opacity: float, prune_large: bool,
+                          max_gaussians: int | None = None) -> None:
+        """3DGS's densification; with ``max_gaussians``, never past that many Gaussians
+        over all ranks (``step/densify.py``)."""
+        ...
 
     def reset_opacity(self) -> None: ...
 
     def optimizer_step(self, learning_rates: dict[str, float]) -> None: ...
+
+    def relocate_and_add(self, max_gaussians: int, min_opacity: float) -> dict[str, int]:
+        """MCMC's refinement (``step/mcmc.py``), after ``optimizer_step``: how many
+        Gaussians were relocated and added."""
+        ...
+
+    def inject_noise(self, scale: float, step: int) -> None:
+        """MCMC's noise on the means after ``optimizer_step`` of step ``step``."""
+        ...
 
     def set_sh_degree(self, degree: int) -> None: ...
 

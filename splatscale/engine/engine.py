@@ -22,7 +22,7 @@ made by                     rows               compute
 ``offloaded_shard_engine``  ``OffloadedRows``  ``Ranks``
 ==========================  =================  ==============
 
-One step, as the Trainer calls it (3DGS's order)::
+One step, as the Trainer calls it with the 3DGS strategy (3DGS's order)::
 
     forward_backward(batch)  compute.forward_backward(rows, batch):
                                rows.working_set(cameras) -> render, loss, backward
@@ -31,6 +31,19 @@ One step, as the Trainer calls it (3DGS's order)::
                                rows.stats); compute.densified(rows); rows.rows_replaced()
     reset_opacity()          rows.bring_current(); reset_opacity(rows.model, rows.optimizer)
     optimizer_step(lrs)      rows.step(lrs)
+
+and with the MCMC strategy (gsplat's order: refinement after Adam)::
+
+    forward_backward(batch, regularisers)
+                             as above, then rows.add_gradient(regularisers' gradient)
+    optimizer_step(lrs)      rows.step(lrs)
+    relocate_and_add(...)    rows.bring_current(); mcmc.relocate, mcmc.add;
+                               compute.densified(rows); rows.rows_replaced()
+    inject_noise(...)        rows.bring_current(); means moved; rows.rows_replaced()
+
+The edits a step makes (densification, reset, noise) are of the rows the next
+gradient is taken of, so ``forward_backward`` starts by forgetting earlier ones
+(``GaussianAdam.new_gradients``).
 
 Everything else (evaluation, export, the NaN guard, checkpoints) brings the
 rows current first, and then reads them through ``compute``, which sums over
@@ -43,11 +56,11 @@ from typing import Iterator, Protocol
 
 from splatscale.data.cameras import Camera
 from splatscale.engine import StepResult, TrainView
-from splatscale.engine.rows import Rows
+from splatscale.engine.rows import Rows, zero_stats
 from splatscale.engine.state import EngineState
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import RenderOutput
-from splatscale.step import densify
+from splatscale.step import densify, mcmc
 from splatscale.step.optimizer import GaussianAdam
 
 
@@ -71,8 +84,8 @@ class Compute(Protocol):
         """Pre: densification replaced the rows. Rows may move (between ranks)."""
         ...
 
-    def total(self, count: int) -> int:
-        """``count`` summed over the ranks."""
+    def total(self, value: int | float) -> int | float:
+        """``value`` summed over the ranks."""
         ...
 
     def any_rank(self, flag: bool) -> bool: ...
@@ -109,19 +122,51 @@ class ComposedEngine:
     def stats(self) -> densify.DensifyStats:
         return self.rows.stats
 
-    def forward_backward(self, batch: list[TrainView], track_stats: bool) -> StepResult:
-        return self.compute.forward_backward(self.rows, batch, track_stats)
+    def forward_backward(self, batch: list[TrainView], track_stats: bool,
+                         regularisers: mcmc.Regularisers | None = None) -> StepResult:
+        self.rows.optimizer.new_gradients()
+        result = self.compute.forward_backward(self.rows, batch, track_stats)
+        if regularisers is not None:
+            count = self.compute.total(len(self.rows.model))
+            self.rows.add_gradient(lambda params: regularisers.gradients(params, count))
+        return result
 
     def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
-                          min_opacity: float, prune_large: bool) -> None:
+                          min_opacity: float, prune_large: bool,
+                          max_gaussians: int | None = None) -> None:
         rows = self.rows
         rows.bring_current()
         rows.stats = densify.densify_and_prune(rows.model, rows.optimizer, rows.stats,
                                                grad_threshold, percent_dense, extent,
-                                               min_opacity, prune_large, self.densify_events)
+                                               min_opacity, prune_large, self.densify_events,
+                                               max_gaussians, self.compute.total)
         self.densify_events += 1
-        self.compute.densified(rows)
+        self._rows_replaced()
+
+    def relocate_and_add(self, max_gaussians: int, min_opacity: float) -> dict[str, int]:
+        rows = self.rows
+        rows.bring_current()
+        event, total = self.densify_events, self.compute.total
+        moved = mcmc.relocate(rows.model, rows.optimizer, min_opacity, event, total)
+        added = mcmc.add(rows.model, rows.optimizer, max_gaussians, min_opacity, event + 1,
+                         total)
+        self.densify_events += 2
+        rows.stats = zero_stats(rows.model)
+        self._rows_replaced()
+        return {"relocated": moved, "added": added}
+
+    def inject_noise(self, scale: float, step: int) -> None:
+        rows = self.rows
+        rows.bring_current()
+        moves = mcmc.noise(rows.model, scale, step)
+        rows.optimizer.edit(lambda name, means: means + moves, lambda name, moment: moment,
+                            ["means"])
+        rows.model.set_parameters(rows.optimizer.params)
         rows.rows_replaced()
+
+    def _rows_replaced(self) -> None:
+        self.compute.densified(self.rows)
+        self.rows.rows_replaced()
 
     def reset_opacity(self) -> None:
         self.rows.bring_current()

@@ -72,8 +72,8 @@ class OneProcess:
     def densified(self, rows: Rows) -> None:
         """Nothing to even out with one process."""
 
-    def total(self, count: int) -> int:
-        return count
+    def total(self, value: int | float) -> int | float:
+        return value
 
     def any_rank(self, flag: bool) -> bool:
         return flag

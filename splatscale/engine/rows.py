@@ -15,7 +15,7 @@ memory, with the device holding their geometry and each step's working set.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 from torch import Tensor
@@ -65,6 +65,11 @@ class Rows(Protocol):
         step's. They are kept for ``step``."""
         ...
 
+    def add_gradient(self, term: Callable[[dict[str, Tensor]], dict[str, Tensor]]) -> None:
+        """Pre: ``gradients_taken``. Add ``term(parameters)``, a gradient of every row
+        (of the groups it names) from their values at this step, to the step's."""
+        ...
+
     def step(self, learning_rates: dict[str, float]) -> None:
         """Adam with the step's gradients (groups edited since then are not stepped)."""
         ...
@@ -96,6 +101,12 @@ class ResidentRows:
 
     def gradients_taken(self, working: WorkingSet) -> None:
         """The gradients stay on the model's tensors."""
+
+    def add_gradient(self, term: Callable[[dict[str, Tensor]], dict[str, Tensor]]) -> None:
+        params = self.model.parameters()
+        for name, grad in term(params).items():
+            param = params[name]
+            param.grad = grad if param.grad is None else param.grad + grad
 
     def step(self, learning_rates: dict[str, float]) -> None:
         self.optimizer.step(learning_rates)

@@ -17,6 +17,7 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.render.projection import quat_to_rotmat
 from splatscale.step.keyed_random import keyed_hash, keyed_normal
 from splatscale.step.optimizer import GaussianAdam
+from splatscale.step.selection import Total, descending, smallest
 
 SPLIT_INTO = 2
 SPLIT_SCALE_DIVISOR = 0.8 * SPLIT_INTO  # 3DGS: scale / (0.8 N)
@@ -49,7 +50,7 @@ def view_space_grad_norms(means2d_grad: Tensor, width: int, height: int,
     return (means2d_grad * scale).norm(dim=-1)
 
 
-def _replace_rows(model: GaussianModel, optimizer: GaussianAdam, rows: Tensor,
+def replace_rows(model: GaussianModel, optimizer: GaussianAdam, rows: Tensor,
                   new: dict[str, Tensor] | None = None) -> None:
     """Keep rows ``rows`` (index or mask), then append ``new`` rows (with their keys),
     whose moments start at zero."""
@@ -67,7 +68,7 @@ def _replace_rows(model: GaussianModel, optimizer: GaussianAdam, rows: Tensor,
     model.set_parameters(optimizer.params)
 
 
-def _rows_of(model: GaussianModel, mask: Tensor, event: int,
+def rows_of(model: GaussianModel, mask: Tensor, event: int,
              children: int = 1) -> dict[str, Tensor]:
     """The parameters of rows ``mask``, ``children`` copies of each (child-major), with
     new keys: hashes of the parent's key, the event and the child's number."""
@@ -80,41 +81,62 @@ def _rows_of(model: GaussianModel, mask: Tensor, event: int,
 
 def densify_and_prune(model: GaussianModel, optimizer: GaussianAdam, stats: DensifyStats,
                       grad_threshold: float, percent_dense: float, extent: float,
-                      min_opacity: float, prune_large: bool, event: int) -> DensifyStats:
+                      min_opacity: float, prune_large: bool, event: int,
+                      max_gaussians: int | None = None,
+                      total: Total = lambda count: count) -> DensifyStats:
     """Clone small, split large high-gradient Gaussians; prune faint ones, and with
     ``prune_large`` (after the first opacity reset) those larger than 0.1 x extent.
 
     3DGS also tests a screen-space radius there, but it zeroes those radii when
     it appends the new Gaussians just before, so that test never removes one;
     it is left out here. ``event`` numbers this densification: with the keys, it
-    seeds the new keys and the split samples. Returns fresh statistics.
+    seeds the new keys and the split samples. With ``max_gaussians``, the model
+    (all ranks' rows: ``total`` sums a count over them) does not grow past it: of
+    more candidates than there is room for, those with the largest gradient are
+    densified, ties by key. Returns fresh statistics.
     """
     grads = torch.nan_to_num(stats.grad_sum / stats.count, nan=0.0)
+    chosen = grads >= grad_threshold
+    if max_gaussians is not None:
+        chosen = within_budget(chosen, grads, model.keys, max_gaussians, total)
     large = model.scales.detach().max(dim=1).values > percent_dense * extent
-    clone = (grads >= grad_threshold) & ~large
-    split = (grads >= grad_threshold) & large
+    clone = chosen & ~large
+    split = chosen & large
     device = model.means.device
     all_rows = torch.ones(len(model), dtype=torch.bool, device=device)
 
     # Clone: exact copies, appended.
-    cloned = _rows_of(model, clone, event)
-    _replace_rows(model, optimizer, all_rows, cloned)
+    cloned = rows_of(model, clone, event)
+    replace_rows(model, optimizer, all_rows, cloned)
     split = torch.cat([split, torch.zeros(int(clone.sum()), dtype=torch.bool, device=device)])
 
     # Split: N samples from each selected Gaussian, scales shrunk; originals removed.
-    rows = _rows_of(model, split, event, SPLIT_INTO)
+    rows = rows_of(model, split, event, SPLIT_INTO)
     scales = torch.exp(rows["log_scales"])
     samples = keyed_normal(rows["keys"], 3, event).to(scales.dtype) * scales
     rotations = quat_to_rotmat(rows["quats"])
     rows["means"] = rows["means"] + (rotations @ samples[..., None])[..., 0]
     rows["log_scales"] = torch.log(scales / SPLIT_SCALE_DIVISOR)
-    _replace_rows(model, optimizer, ~split, rows)
+    replace_rows(model, optimizer, ~split, rows)
 
     prune = model.opacities.detach() < min_opacity
     if prune_large:
         prune |= model.scales.detach().max(dim=1).values > 0.1 * extent
-    _replace_rows(model, optimizer, ~prune)
+    replace_rows(model, optimizer, ~prune)
     return DensifyStats.zeros(len(model), stats.grad_sum.dtype, device)
+
+
+def within_budget(candidates: Tensor, grads: Tensor, keys: Tensor, max_gaussians: int,
+                  total: Total) -> Tensor:
+    """The candidates densified without passing ``max_gaussians``: a clone or a split
+    adds one Gaussian each, so as many as there is room for, largest gradient first."""
+    room = max(0, max_gaussians - total(len(keys)))
+    if total(int(candidates.sum())) <= room:
+        return candidates
+    rows = candidates.nonzero()[:, 0]
+    chosen = torch.zeros_like(candidates)
+    chosen[rows] = smallest(descending(grads[rows]), keys[rows], room, total)
+    return chosen
 
 
 def reset_opacity(model: GaussianModel, optimizer: GaussianAdam) -> None:

@@ -90,6 +90,11 @@ class GaussianAdam:
             self.exp_avg_sq[name] = moment(name, self.exp_avg_sq[name])
             self.edited.add(name)
 
+    def new_gradients(self) -> None:
+        """The gradients about to be taken are of the current rows: edits until now
+        are history."""
+        self.edited.clear()
+
     def count_step(self, name: str) -> int:
         """Count an Adam step of group ``name``; its number (bias correction's t)."""
         self.steps[name] += 1

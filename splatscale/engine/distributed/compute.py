@@ -168,11 +168,12 @@ class Ranks:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
         return bool(agreed)
 
-    def total(self, count: int) -> int:
-        """``count`` summed over the ranks."""
-        summed = torch.tensor([count])
+    def total(self, value: int | float) -> int | float:
+        """``value`` summed over the ranks (floats in float64)."""
+        summed = torch.tensor([value], dtype=torch.float64 if isinstance(value, float)
+                              else torch.int64)
         dist.all_reduce(summed)
-        return int(summed)
+        return summed.item()
 
     def model_parts(self, shard: GaussianModel) -> Iterator[GaussianModel]:
         """Rank 0 yields the shards in rank order, each received when its turn comes."""

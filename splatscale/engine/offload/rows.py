@@ -23,6 +23,8 @@ checkpoint moves freely between offloaded and resident rows.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
@@ -117,6 +119,18 @@ class OffloadedRows:
         else:
             self.host_adam.update(update.rows, update.grads)
             self._refresh_geometry(update.rows)
+
+    def add_gradient(self, term: Callable[[dict[str, Tensor]], dict[str, Tensor]]) -> None:
+        """A gradient of every row: the step updates every row (none is deferred)."""
+        every = torch.arange(len(self.model))
+        extra, update = term(self.current(every)), self.pending
+        grads = {}
+        for name, grad in update.grads.items():
+            grads[name] = torch.zeros((len(every), *grad.shape[1:]), dtype=grad.dtype)
+            grads[name][update.rows] = grad
+            if name in extra:
+                grads[name] += extra[name]
+        self.pending = Update(every, grads)
 
     def _with_overdue(self, update: Update) -> Update:
         """``update`` and the rows that must not fall further behind (zero gradient)."""
