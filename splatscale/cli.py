@@ -104,7 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--checkpoint-every", type=_integer(0), default=1000,
                        help="write checkpoint.pt every N images")
     train.add_argument("--densify-until", type=_integer(0), default=None,
-                       help="images after which densification stops (default 15000)")
+                       help="images after which densification stops (default 15000; with "
+                            "--strategy mcmc, relocation and growth: 25000)")
+    train.add_argument("--strategy", choices=("3dgs", "mcmc"), default=None,
+                       help="how the Gaussians are added and removed: 3dgs, the original "
+                            "schedule (default), or mcmc, 3DGS as Markov-chain Monte Carlo "
+                            "(gsplat's MCMCStrategy: faint Gaussians relocated, 5%% growth "
+                            "to --max-gaussians, default 1000000)")
+    train.add_argument("--max-gaussians", type=_integer(1), default=None,
+                       help="never train more Gaussians than N (3dgs: densify the largest "
+                            "gradients first; default no limit)")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.add_argument("--nproc", type=_integer(1, MAX_LOCAL_RANKS), default=1,
                        help="train with N local ranks (Grendel), each with cores/N threads, "

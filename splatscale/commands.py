@@ -73,7 +73,8 @@ def _check_device(args: Namespace, ranks: group.Ranks | None) -> None:
 
 # Flags that are settings of the run: on --resume the checkpoint's values hold.
 RUN_FLAGS = {"batch_size": "--batch-size", "seed": "--seed",
-             "white_background": "--white-background", "densify_until": "--densify-until"}
+             "white_background": "--white-background", "densify_until": "--densify-until",
+             "strategy": "--strategy", "max_gaussians": "--max-gaussians"}
 
 
 def _new_config(args: Namespace) -> TrainConfig:

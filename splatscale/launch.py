@@ -86,7 +86,7 @@ def spawn(argv: list[str], nproc: int) -> int:
         for rank in range(nproc):
             if not launch.signalled:
                 launch.start(argv, rank, nproc, port)
-        exits = _wait(launch.ranks)
+        exits = _wait(launch)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -94,10 +94,12 @@ def spawn(argv: list[str], nproc: int) -> int:
     return _outcome(exits, nproc, launch.signalled)
 
 
-def _wait(processes: list[subprocess.Popen]) -> list[tuple[int, int]]:
+def _wait(launch: _Launch) -> list[tuple[int, int]]:
     """(rank, exit code) in the order the ranks ended. Once one fails, the others get
     ``STOP_GRACE`` seconds to stop by themselves (their collectives fail), then are
-    killed: a rank without its peers can do nothing more."""
+    killed: a rank without its peers can do nothing more. After a stop signal every
+    rank was told, and each stops by itself however long its checkpoint takes."""
+    processes = launch.ranks
     exits: list[tuple[int, int]] = []
     deadline = None
     while len(exits) < len(processes):
@@ -106,7 +108,7 @@ def _wait(processes: list[subprocess.Popen]) -> list[tuple[int, int]]:
             code = process.poll()
             if code is not None and rank not in {r for r, _ in exits}:
                 exits.append((rank, code))
-                if code != 0 and deadline is None:
+                if code != 0 and deadline is None and not launch.signalled:
                     deadline = time.monotonic() + STOP_GRACE
         if deadline is not None and time.monotonic() > deadline:
             for process in processes:

@@ -27,9 +27,10 @@ def setup():
 def test_clone_split_prune():
     model, optimizer, stats = setup()
     before = model.detach()
-    fresh = densify_and_prune(model, optimizer, stats, grad_threshold=2e-4, percent_dense=0.1,
-                              extent=1.0, min_opacity=0.005, prune_large=False,
-                              event=0)
+    fresh, counts = densify_and_prune(model, optimizer, stats, grad_threshold=2e-4,
+                                      percent_dense=0.1, extent=1.0, min_opacity=0.005,
+                                      prune_large=False, event=0)
+    assert counts == {"cloned": 1, "split": 1, "pruned": 1}
     # Kept: 0, 1, 3, 4 (2 split away, 5 pruned); then the clone of 0; then 2's two halves.
     assert len(model) == 4 + 1 + 2
     kept = [0, 1, 3, 4]

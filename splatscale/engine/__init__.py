@@ -79,9 +79,9 @@ class Engine(Protocol):
 
     def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
                           min_opacity: float, prune_large: bool,
-                          max_gaussians: int | None = None) -> None:
+                          max_gaussians: int | None = None) -> dict[str, int]:
         """3DGS's densification; with ``max_gaussians``, never past that many Gaussians
-        over all ranks (``step/densify.py``)."""
+        over all ranks (``step/densify.py``). How many were cloned, split and pruned."""
         ...
 
     def reset_opacity(self) -> None: ...

@@ -133,15 +133,16 @@ class ComposedEngine:
 
     def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
                           min_opacity: float, prune_large: bool,
-                          max_gaussians: int | None = None) -> None:
+                          max_gaussians: int | None = None) -> dict[str, int]:
         rows = self.rows
         rows.bring_current()
-        rows.stats = densify.densify_and_prune(rows.model, rows.optimizer, rows.stats,
+        rows.stats, counts = densify.densify_and_prune(rows.model, rows.optimizer, rows.stats,
                                                grad_threshold, percent_dense, extent,
                                                min_opacity, prune_large, self.densify_events,
                                                max_gaussians, self.compute.total)
         self.densify_events += 1
         self._rows_replaced()
+        return {name: self.compute.total(count) for name, count in counts.items()}
 
     def relocate_and_add(self, max_gaussians: int, min_opacity: float) -> dict[str, int]:
         rows = self.rows

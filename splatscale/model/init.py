@@ -25,11 +25,13 @@ def nearest_neighbour_scales(points: np.ndarray, k: int = 3) -> np.ndarray:
 
 
 def init_from_points(points: np.ndarray, colors: np.ndarray,
-                     dtype: torch.dtype = torch.float32) -> GaussianModel:
-    """Isotropic Gaussians at the points, sized by their 3 nearest neighbours.
+                     dtype: torch.dtype = torch.float32, opacity: float = INITIAL_OPACITY,
+                     scale: float = 1.0) -> GaussianModel:
+    """Isotropic Gaussians at the points, sized by their 3 nearest neighbours times
+    ``scale``.
 
     ``colors`` are RGB in [0, 1] (float) or 0..255 (uint8). Rotation identity,
-    opacity 0.1, SH degree 0 from the colours.
+    ``opacity`` (3DGS: 0.1), SH degree 0 from the colours.
     """
     points = np.asarray(points, dtype=np.float64)
     if points.ndim != 2 or points.shape[1] != 3 or len(points) == 0:
@@ -37,10 +39,10 @@ def init_from_points(points: np.ndarray, colors: np.ndarray,
     colors = np.asarray(colors)
     rgb = colors / 255.0 if colors.dtype == np.uint8 else colors.astype(np.float64)
     n = len(points)
-    log_scale = np.log(nearest_neighbour_scales(points))
+    log_scale = np.log(nearest_neighbour_scales(points) * scale)
     quats = np.zeros((n, 4))
     quats[:, 0] = 1.0
-    logit = np.log(INITIAL_OPACITY / (1.0 - INITIAL_OPACITY))
+    logit = np.log(opacity / (1.0 - opacity))
     as_tensor = lambda a: torch.as_tensor(a, dtype=dtype)  # noqa: E731
     return GaussianModel(
         means=as_tensor(points),

@@ -83,7 +83,8 @@ def densify_and_prune(model: GaussianModel, optimizer: GaussianAdam, stats: Dens
                       grad_threshold: float, percent_dense: float, extent: float,
                       min_opacity: float, prune_large: bool, event: int,
                       max_gaussians: int | None = None,
-                      total: Total = lambda count: count) -> DensifyStats:
+                      total: Total = lambda count: count
+                      ) -> tuple[DensifyStats, dict[str, int]]:
     """Clone small, split large high-gradient Gaussians; prune faint ones, and with
     ``prune_large`` (after the first opacity reset) those larger than 0.1 x extent.
 
@@ -93,7 +94,8 @@ def densify_and_prune(model: GaussianModel, optimizer: GaussianAdam, stats: Dens
     seeds the new keys and the split samples. With ``max_gaussians``, the model
     (all ranks' rows: ``total`` sums a count over them) does not grow past it: of
     more candidates than there is room for, those with the largest gradient are
-    densified, ties by key. Returns fresh statistics.
+    densified, ties by key. Returns fresh statistics, and how many of this
+    process' rows were cloned, split and pruned.
     """
     grads = torch.nan_to_num(stats.grad_sum / stats.count, nan=0.0)
     chosen = grads >= grad_threshold
@@ -123,7 +125,8 @@ def densify_and_prune(model: GaussianModel, optimizer: GaussianAdam, stats: Dens
     if prune_large:
         prune |= model.scales.detach().max(dim=1).values > 0.1 * extent
     replace_rows(model, optimizer, ~prune)
-    return DensifyStats.zeros(len(model), stats.grad_sum.dtype, device)
+    counts = {"cloned": int(clone.sum()), "split": int(split.sum()), "pruned": int(prune.sum())}
+    return DensifyStats.zeros(len(model), stats.grad_sum.dtype, device), counts
 
 
 def within_budget(candidates: Tensor, grads: Tensor, keys: Tensor, max_gaussians: int,

@@ -21,15 +21,28 @@ class TrainConfig:
     rotation_lr: float = 1e-3
     # Densification, counted in images seen.
     densify_from: int = 500
-    densify_until: int = 15_000
+    densify_until: int | None = None  # 3dgs 15,000; mcmc 25,000 (gsplat's refine_stop_iter)
     densify_interval: int = 100
     densify_grad_threshold: float = 2e-4
     percent_dense: float = 0.01
     opacity_reset_interval: int = 3_000
     prune_opacity: float = 0.005
+    # Which strategy changes the set of Gaussians: "3dgs" (the schedule above) or
+    # "mcmc" (gsplat 1.5.3's MCMCStrategy, with its simple_trainer's MCMC settings).
+    strategy: str = "3dgs"
+    max_gaussians: int | None = None  # 3dgs: no budget; mcmc: 1,000,000 (gsplat's cap_max)
+    noise_lr: float = 5e5             # mcmc: the means' noise, times their learning rate
+    opacity_reg: float = 0.01         # mcmc: L1 on opacity
+    scale_reg: float = 0.01           # mcmc: L1 on scale
     sh_degree: int = 3
     sh_degree_interval: int = 1_000
     white_background: bool = False
+
+    def refine_until(self) -> int:
+        """Images after which the Gaussians stop being densified (or relocated)."""
+        if self.densify_until is not None:
+            return self.densify_until
+        return 25_000 if self.strategy == "mcmc" else 15_000
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -30,7 +30,8 @@ from splatscale.model.ply import write_ply_parts
 from splatscale.train import metrics
 from splatscale.train.checkpoint import load_checkpoint, save_checkpoint
 from splatscale.train.config import TrainConfig
-from splatscale.train.schedule import crossed_multiple, crosses, position_lr
+from splatscale.train.schedule import crosses, position_lr
+from splatscale.train.strategy import Strategy, make_strategy
 
 RANDOM_INIT_POINTS = 100_000
 
@@ -47,18 +48,27 @@ class RunOptions:
     log_every: int = 10           # steps
     progress: bool = True
     writes: bool = True           # this process writes the outputs (rank 0 of a distributed run)
+    split: tuple[list[int], list[int]] | None = None  # (train, test) views; None: eval_split's
 
 
 EngineFactory = Callable[[GaussianModel, int, torch.Tensor, float], Engine]
 
 
-def initial_model(scene: Scene, train_ids: list[int], seed: int):
-    """The SfM points, or random points where the training cameras look."""
+def initial_model(scene: Scene, train_ids: list[int], config: TrainConfig,
+                  strategy: Strategy) -> GaussianModel:
+    """The SfM points, or random points where the training cameras look (no more
+    than the strategy's budget)."""
     points, colors = scene.points, scene.colors
+    budget = strategy.max_gaussians
     if len(points) == 0:
         points, colors = random_points_in_view([scene.views[i].camera for i in train_ids],
-                                               RANDOM_INIT_POINTS, seed)
-    return init_from_points(points, colors)
+                                               min(RANDOM_INIT_POINTS, budget or math.inf),
+                                               config.seed)
+    elif config.max_gaussians is not None and len(points) > config.max_gaussians:
+        raise DataError(f"--max-gaussians {config.max_gaussians}: {scene.source} starts "
+                        f"from {len(points)} SfM points, more than that")
+    return init_from_points(points, colors, opacity=strategy.initial_opacity,
+                            scale=strategy.initial_scale)
 
 
 class Trainer:
@@ -68,7 +78,7 @@ class Trainer:
         """``engine``, if given, is used as it is; otherwise ``make_engine(initial model,
         batch size, background, SSIM weight)`` makes one (``local_engine`` by default)."""
         self.scene, self.store, self.config, self.options = scene, store, config, options
-        self.train_ids, self.test_ids = scene.split(options.eval_split)
+        self.train_ids, self.test_ids = options.split or scene.split(options.eval_split)
         if not self.train_ids:
             raise DataError(f"{scene.source}: no training views")
         if config.batch_size > len(self.train_ids):
@@ -84,9 +94,10 @@ class Trainer:
         self.extent = scene.camera_extent(self.train_ids)  # 3DGS: training cameras only
         white = config.white_background or scene.background == (1.0, 1.0, 1.0)
         self.background = torch.ones(3) if white else torch.zeros(3)
-        self.engine = engine or make_engine(initial_model(scene, self.train_ids, config.seed),
-                                            config.batch_size, self.background,
-                                            config.ssim_weight)
+        self.strategy = make_strategy(config, self.extent)
+        self.engine = engine or make_engine(
+            initial_model(scene, self.train_ids, config, self.strategy),
+            config.batch_size, self.background, config.ssim_weight)
         self.images_seen = 0
         self.steps = 0
         self.sh_degree = 0
@@ -122,24 +133,20 @@ class Trainer:
             engine.set_sh_degree(self.sh_degree)
         batch = [TrainView(self.store.camera(i), self.store.as_float(i))
                  for i in self._next_batch()]
-        densifying = after < c.densify_until
-        result = engine.forward_backward(batch, track_stats=densifying)
+        strategy = self.strategy
+        result = engine.forward_backward(batch, strategy.tracks_stats(after),
+                                         strategy.regularisers)
         if not math.isfinite(result.loss):
             self._diverged(f"the loss of images {before + 1}..{after} is {result.loss}")
-        # On the last batch no step is left to recover from a densification or an
-        # opacity reset (3DGS would reset at image 3000 of a 3000-image run), so skip them.
-        if densifying and after < c.iterations:
-            event = crossed_multiple(before, after, c.densify_interval)
-            if event is not None and event > c.densify_from:
-                engine.densify_and_prune(c.densify_grad_threshold, c.percent_dense, self.extent,
-                                         c.prune_opacity, event > c.opacity_reset_interval)
-            white_start = c.white_background and before < c.densify_from <= after
-            if crosses(before, after, c.opacity_reset_interval) or white_start:
-                engine.reset_opacity()
+        changes = strategy.before_adam(engine, before, after)
         engine.optimizer_step(self.learning_rates(before + 1))
+        # The means' rate of the next step, as Adam takes it (the batch-size rule).
+        means_lr = self.learning_rates(after + 1)["means"] * math.sqrt(c.batch_size)
+        changes.update(strategy.after_adam(engine, before, after, means_lr))
         self.images_seen, self.steps = after, self.steps + 1
         return {"step": self.steps, "images": after, "loss": result.loss, "psnr": result.psnr,
-                "num_gaussians": engine.num_gaussians(), "diagnostics": result.diagnostics}
+                "num_gaussians": engine.num_gaussians(), "changes": changes,
+                "diagnostics": result.diagnostics}
 
     # -- the run --------------------------------------------------------------------
 
@@ -165,7 +172,8 @@ class Trainer:
                 bar.set_postfix(loss=f"{entry['loss']:.4f}", psnr=f"{entry['psnr']:.2f}",
                                 gaussians=entry["num_gaussians"],
                                 img_s=f"{entry['images_per_second']:.1f}")
-                if self.steps % o.log_every == 0 or self.steps == total_steps:
+                logged = self.steps % o.log_every == 0 or self.steps == total_steps
+                if logged or entry["changes"]:
                     entry.pop("diagnostics")  # the engine's own, for benchmarks
                     self._write(_append_jsonl, log_path, entry)
                 self._periodic(before, log_path)
