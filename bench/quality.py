@@ -14,9 +14,12 @@ additions) are recorded beside the curve. Rates count training time only.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 from splatscale.data import load_scene
 from splatscale.data.images import ImageStore
@@ -100,13 +103,19 @@ def main() -> None:
     parser.add_argument("--max-gaussians", type=int, default=None)
     parser.add_argument("--resolution", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--random-init", choices=("cameras", "cube"), default=None,
+                        help="start from random points by this rule, not the scene's")
     parser.add_argument("--plot", type=Path, default=None,
                         help="the PNG (default quality-<scene>-<variant>-<strategy>.png here)")
     args = parser.parse_args()
     scene = demo_scene(None) if args.scene == "demo" else load_scene(args.scene)
+    if args.random_init:
+        scene = dataclasses.replace(scene, points=np.zeros((0, 3)),
+                                    colors=np.zeros((0, 3), np.uint8))
     store = ImageStore(scene, resolution=args.resolution, background=scene.background)
     config = TrainConfig(iterations=args.images, seed=args.seed, strategy=args.strategy,
-                         max_gaussians=args.max_gaussians)
+                         max_gaussians=args.max_gaussians,
+                         random_init=args.random_init or "cameras")
     variant = "sparse" if args.sparse else "every8"
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(scene, store, config,
@@ -115,7 +124,9 @@ def main() -> None:
         points, changes, seconds = curve(trainer, args.images, args.every)
     name = Path(args.scene).name
     cap = f", at most {args.max_gaussians}" if args.max_gaussians else ""
+    cap += f", random init: {args.random_init}" if args.random_init else ""
     result = {"scene": args.scene, "variant": variant, "strategy": args.strategy,
+              "random_init": args.random_init,
               "max_gaussians": args.max_gaussians, "resolution": args.resolution,
               "train_views": len(trainer.train_ids), "test_views": len(trainer.test_ids),
               "images_per_second": round(args.images / seconds, 3),

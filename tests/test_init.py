@@ -14,7 +14,8 @@ from splatscale.data.scene import Scene, View
 from splatscale.engine.local import local_engine
 from splatscale.model import init_from_points
 from splatscale.model.gaussians import SH_C0, SH_REST, GaussianModel
-from splatscale.model.init import focus_point, random_points_in_view
+from splatscale.model.init import (CUBE_EXTENT, focus_point, random_points_in_cube,
+                                   random_points_in_view)
 from splatscale.render import render
 from splatscale.train.config import TrainConfig
 from splatscale.train.trainer import RunOptions, Trainer
@@ -79,6 +80,20 @@ def test_points_surround_the_object(inward_scene):
         assert (near[:, axis] > 0.3).sum() > 20 and (near[:, axis] < -0.3).sum() > 20
     assert len(inside_object(rig_cube_points(cameras, 20_000)[0])) == 0, \
         "the earlier rule never reached the object"
+
+
+def test_the_cube_covers_the_object_and_the_room_behind_the_cameras(inward_scene):
+    cameras = [v.camera for v in inward_scene.views]
+    points, colors = random_points_in_cube(cameras, 20_000, seed=2)
+    assert points.shape == colors.shape == (20_000, 3)
+    centres = np.stack([c.center.numpy() for c in cameras]).astype(np.float64)
+    centroid = centres.mean(axis=0)
+    half = CUBE_EXTENT * np.linalg.norm(centres - centroid, axis=1).max()
+    offsets = points - centroid
+    assert np.abs(offsets).max() <= half and np.abs(offsets).max() > 0.99 * half
+    np.testing.assert_allclose(offsets.mean(axis=0), 0, atol=0.03 * half)  # uniform
+    assert len(inside_object(points)) > 0
+    assert (points[:, 2] > centres[:, 2].max()).sum() > 0.1 * len(points), "behind the cameras"
 
 
 def test_focus_point_is_where_the_axes_meet(inward_scene):

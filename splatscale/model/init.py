@@ -55,6 +55,23 @@ def init_from_points(points: np.ndarray, colors: np.ndarray,
     )
 
 
+CUBE_EXTENT = 3.0  # gsplat's init_extent: the cube's half side in scene scales
+
+
+def random_points_in_cube(cameras: list, count: int, seed: int = 0
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` random points with random colours, uniform in the cube around the
+    cameras' centroid whose half side is ``CUBE_EXTENT`` times the scene scale (the
+    largest distance of a camera from the centroid): gsplat's ``init_type="random"``
+    (its world is centred on the cameras). It covers the room around an object too."""
+    rng = np.random.default_rng(seed)
+    centres = np.stack([c.center.numpy() for c in cameras])
+    centroid = centres.mean(axis=0)
+    scale = max(float(np.linalg.norm(centres - centroid, axis=1).max()), 1e-3)
+    points = centroid + CUBE_EXTENT * scale * rng.uniform(-1, 1, (count, 3))
+    return points, rng.integers(0, 256, (count, 3)).astype(np.uint8)
+
+
 def random_points_in_view(cameras: list, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``count`` random points with random colours where the cameras look.
 

@@ -25,7 +25,7 @@ from splatscale.errors import DataError, Interrupted, TrainingDiverged
 from splatscale.messages import notice
 from splatscale.threads import threading_layer
 from splatscale.model import GaussianModel, init_from_points
-from splatscale.model.init import random_points_in_view
+from splatscale.model.init import random_points_in_cube, random_points_in_view
 from splatscale.model.ply import write_ply_parts
 from splatscale.train import metrics
 from splatscale.train.checkpoint import load_checkpoint, save_checkpoint
@@ -34,6 +34,7 @@ from splatscale.train.schedule import crosses, position_lr
 from splatscale.train.strategy import Strategy, make_strategy
 
 RANDOM_INIT_POINTS = 100_000
+RANDOM_INIT = {"cameras": random_points_in_view, "cube": random_points_in_cube}
 
 
 @dataclass
@@ -61,9 +62,9 @@ def initial_model(scene: Scene, train_ids: list[int], config: TrainConfig,
     points, colors = scene.points, scene.colors
     budget = strategy.max_gaussians
     if len(points) == 0:
-        points, colors = random_points_in_view([scene.views[i].camera for i in train_ids],
-                                               min(RANDOM_INIT_POINTS, budget or math.inf),
-                                               config.seed)
+        draw = RANDOM_INIT[config.random_init]
+        points, colors = draw([scene.views[i].camera for i in train_ids],
+                              min(RANDOM_INIT_POINTS, budget or math.inf), config.seed)
     elif config.max_gaussians is not None and len(points) > config.max_gaussians:
         raise DataError(f"--max-gaussians {config.max_gaussians}: {scene.source} starts "
                         f"from {len(points)} SfM points, more than that")
