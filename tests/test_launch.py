@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from splatscale.train.run_folder import LOCK_NAME
+from splatscale.folder_lock import LOCK_NAME
 from tests.test_bad_input import assert_clean_error
 from tests.test_distributed import children_of
 from tests.test_refused_runs import snapshot

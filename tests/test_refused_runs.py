@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from splatscale.cli import main
-from splatscale.train.run_folder import LOCK_NAME
+from splatscale.folder_lock import LOCK_NAME
 from tests.test_bad_input import assert_clean_error
 
 

@@ -16,7 +16,7 @@ import torch
 
 from splatscale.cli import main
 from splatscale.model.ply import read_ply, write_ply
-from splatscale.train.run_folder import LOCK_NAME
+from splatscale.folder_lock import LOCK_NAME
 from tests.conftest import random_model
 
 

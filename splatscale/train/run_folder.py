@@ -11,20 +11,15 @@ no step is logged twice.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import socket
-from contextlib import contextmanager
 from fnmatch import fnmatch
 from pathlib import Path
-from typing import Iterator
 
 from splatscale.atomic import atomic_path
 from splatscale.errors import SplatscaleError
-from splatscale.messages import notice
+from splatscale.folder_lock import locked_folder
 
-LOCK_NAME = ".splatscale.lock"
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 # What a training run writes; their presence marks a folder as holding a run.
@@ -65,57 +60,10 @@ class RunFolder:
                 f"{self.path}: holds a previous run ({', '.join(previous[:4])}); "
                 "--resume continues it, --overwrite replaces it")
 
-    @contextmanager
-    def lock(self) -> Iterator[None]:
-        """Hold the folder's lock while the run checks its inputs and writes; take over a
-        dead process' lock. Folders made for the lock are removed again if the run left
-        nothing in them (it was refused)."""
-        made = self._make_folders()
-        try:
-            with self._locked():
-                yield
-        finally:
-            for folder in reversed(made):
-                try:
-                    folder.rmdir()
-                except OSError:  # the run wrote there: it stays
-                    break
-
-    def _make_folders(self) -> list[Path]:
-        """Make the folder and its missing parents; those it made, outermost first."""
-        if self.path.is_symlink() and not self.path.exists():
-            raise SplatscaleError(f"{self.path}: a link to {os.readlink(self.path)}, which "
-                                  "does not exist")
-        if self.path.exists() and not self.path.is_dir():
-            raise SplatscaleError(f"{self.path}: exists and is not a folder")
-        missing = [p for p in (self.path, *self.path.parents) if not p.exists()]
-        self.path.mkdir(parents=True, exist_ok=True)
-        return missing[::-1]
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        path = self.path / LOCK_NAME
-        taken_over = False
-        while True:
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
-                break
-            except FileExistsError:
-                owner = _lock_owner(path)
-                if taken_over or owner is None or _alive(*owner):
-                    holder = f"process {owner[0]} on {owner[1]}" if owner else "another run"
-                    raise SplatscaleError(
-                        f"{self.path}: {holder} is writing here (lock {path}; delete it "
-                        "if that run is gone)") from None
-                notice(f"{path}: taking over the lock of process {owner[0]}, which has ended")
-                path.unlink(missing_ok=True)
-                taken_over = True
-        with os.fdopen(fd, "w") as handle:
-            handle.write(f"{os.getpid()} {socket.gethostname()}\n")
-        try:
-            yield
-        finally:
-            path.unlink(missing_ok=True)
+    def lock(self):
+        """Hold the folder's lock while the run checks its inputs and writes
+        (``folder_lock.locked_folder``)."""
+        return locked_folder(self.path)
 
     def begin(self, resume_at: int | None) -> None:
         """The run has passed every check: from here it writes. Remove a killed run's
@@ -166,23 +114,3 @@ class RunFolder:
         with atomic_path(self.metrics) as tmp:
             tmp.write_text("".join(line + "\n" for line in kept))
 
-
-def _lock_owner(path: Path) -> tuple[int, str] | None:
-    """(pid, host) written in a lock file, or None when it cannot be read."""
-    try:
-        pid, host = path.read_text().split()
-        return int(pid), host
-    except (OSError, ValueError):
-        return None
-
-
-def _alive(pid: int, host: str) -> bool:
-    if host != socket.gethostname():
-        return True  # a process elsewhere cannot be checked from here
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
