@@ -1,4 +1,4 @@
-"""splatscale train | render | eval | export."""
+"""splatscale train | prepare | render | eval | export."""
 
 from __future__ import annotations
 
@@ -15,6 +15,11 @@ from splatscale.threads import usable_cores
 TRAIN_HELP = """Train a 3DGS model. --iterations counts images seen, as Grendel does:
 a batch of B views makes N/B steps, so changing B keeps the training budget
 (and every schedule: densification, opacity reset, SH degree, learning rate)."""
+
+PREPARE_HELP = """Make a trainable COLMAP scene (images/, sparse/0/) of photos or a video:
+images made upright, SIFT features, matching and mapping with pycolmap, the
+largest model kept. Run again, it goes on from the features and matches found."""
+CAMERA_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV")
 
 
 # numba refuses more threads than it started with (NUMBA_NUM_THREADS, default: the cores).
@@ -111,6 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "schedule (default), or mcmc, 3DGS as Markov-chain Monte Carlo "
                             "(gsplat's MCMCStrategy: faint Gaussians relocated, 5%% growth "
                             "to --max-gaussians, default 1000000)")
+    train.add_argument("--random-init", choices=("cameras", "cube"), default=None,
+                       help="for a scene without points: 100,000 random points where the "
+                            "cameras look (cameras: default) or in a cube 3 scene scales "
+                            "around them (cube, gsplat's rule)")
     train.add_argument("--max-gaussians", type=_integer(1), default=None,
                        help="never train more Gaussians than N (3dgs: densify the largest "
                             "gradients first; default no limit)")
@@ -159,6 +168,33 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--data", default=None)
     evaluate.add_argument("--split", choices=("train", "test", "all"), default="test")
     _add_common(evaluate)
+
+    prepare = sub.add_parser("prepare", help="make a scene of photos or a video (SfM)",
+                             description=PREPARE_HELP)
+    prepare.add_argument("input", type=_folder,
+                         help="a folder of photos (JPEG, PNG, TIFF, WebP), a video, or a "
+                              "folder of videos")
+    prepare.add_argument("-o", "--output", type=_folder, required=True,
+                         help="the scene folder to make (images/, sparse/0/)")
+    prepare.add_argument("--frames", type=_integer(3), default=100,
+                         help="frames to take from the video(s), in all (default 100)")
+    prepare.add_argument("--camera-model", choices=CAMERA_MODELS, default="SIMPLE_RADIAL",
+                         help="COLMAP's camera model (default SIMPLE_RADIAL; OPENCV for "
+                              "strong lens distortion)")
+    prepare.add_argument("--max-image-size", type=_integer(100), default=3200,
+                         help="features are found on images downscaled to this many pixels "
+                              "on their longer side (default 3200, COLMAP's); the scene "
+                              "keeps them whole")
+    prepare.add_argument("--matcher", choices=("exhaustive", "sequential"), default=None,
+                         help="which pairs to match: all (default for photos) or each frame "
+                              "with its next ones (default for video)")
+    prepare.add_argument("--mapper", choices=("incremental", "global"), default="incremental",
+                         help="incremental (COLMAP's, default) or global (GLOMAP's, faster "
+                              "on hundreds of images and more)")
+    prepare.add_argument("--overwrite", action="store_true",
+                         help="start afresh in OUTPUT (default: go on from what is there)")
+    prepare.add_argument("--verbose", action="store_true", help="pycolmap's own log too")
+    prepare.add_argument("--quiet", action="store_true", help="no progress bars")
 
     export = sub.add_parser("export", help="convert a model")
     export.add_argument("model", type=Path)

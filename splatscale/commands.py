@@ -74,7 +74,8 @@ def _check_device(args: Namespace, ranks: group.Ranks | None) -> None:
 # Flags that are settings of the run: on --resume the checkpoint's values hold.
 RUN_FLAGS = {"batch_size": "--batch-size", "seed": "--seed",
              "white_background": "--white-background", "densify_until": "--densify-until",
-             "strategy": "--strategy", "max_gaussians": "--max-gaussians"}
+             "strategy": "--strategy", "max_gaussians": "--max-gaussians",
+             "random_init": "--random-init"}
 
 
 def _new_config(args: Namespace) -> TrainConfig:
@@ -272,4 +273,15 @@ def export(args: Namespace) -> None:
     print(f"wrote {output}")
 
 
-COMMANDS = {"train": train, "render": render, "eval": evaluate, "export": export}
+def prepare(args: Namespace) -> None:
+    from splatscale.prepare.pipeline import Request, prepare as prepare_scene
+    from splatscale.prepare.sfm import SfmSettings
+
+    sfm = SfmSettings(args.camera_model, args.max_image_size, args.matcher, args.mapper)
+    report = prepare_scene(Request(args.input, args.output, args.frames, sfm, args.overwrite,
+                                   args.verbose, progress=not args.quiet))
+    print(json.dumps(report))
+
+
+COMMANDS = {"train": train, "prepare": prepare, "render": render, "eval": evaluate,
+            "export": export}

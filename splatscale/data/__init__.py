@@ -22,9 +22,27 @@ def load_scene(path: str | Path, skip_missing_images: bool = False) -> Scene:
     try:
         find_transforms(path)
     except DataError:  # no transforms file: only a COLMAP model is left
-        find_sparse_dir(path)  # raises naming the folder when it is neither format
+        try:
+            find_sparse_dir(path)
+        except DataError:
+            _refuse_unposed(path)
+            raise  # names the folder: it is neither format
         return read_colmap(path, skip_missing_images)
     return read_transforms(path, skip_missing_images)
+
+
+def _refuse_unposed(path: Path) -> None:
+    """Photos or videos without camera poses: say how to make a scene of them."""
+    from splatscale.prepare.sources import find_sources
+
+    for media in (path, path / "images"):
+        try:
+            find_sources(media)
+        except DataError:
+            continue
+        scene = path.with_name(path.name + "-scene")
+        raise DataError(f"{media}: photos or video without camera poses; make a scene of "
+                        f"them first: splatscale prepare {media} -o {scene}")
 
 
 __all__ = ["Camera", "Scene", "load_scene"]

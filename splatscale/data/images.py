@@ -38,12 +38,12 @@ def _decode(path: Path, background: tuple[float, float, float]) -> np.ndarray:
     try:
         with Image.open(path) as image:
             image.load()
-            return _to_rgb8(image, background)
+            return to_rgb8(image, background)
     except OSError as error:  # PIL's UnidentifiedImageError and truncated data are OSErrors
         raise DataError(f"{path}: not a readable image ({error})") from None
 
 
-def _to_rgb8(image: Image.Image, background: tuple[float, float, float]) -> np.ndarray:
+def to_rgb8(image: Image.Image, background: tuple[float, float, float]) -> np.ndarray:
     if image.mode in WIDE_GREY:
         grey = np.asarray(image, dtype=np.float64) / WIDE_GREY[image.mode]
         grey = np.clip(np.rint(grey * 255.0), 0, 255).astype(np.uint8)

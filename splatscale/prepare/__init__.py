@@ -1,0 +1,1 @@
+"""From photos or videos to a COLMAP scene: images normalised once, then SfM with pycolmap."""

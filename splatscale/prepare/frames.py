@@ -1,0 +1,111 @@
+"""Frames from a video, spread evenly over it, each the sharpest of its stretch.
+
+PyAV decodes (FFmpeg inside its wheels, no system FFmpeg). The video's frames
+are cut into ``count`` equal windows in order, and in each the frame with the
+largest variance of the Laplacian (of its grey image, at most ``SHARPNESS_WIDTH``
+wide) is kept: a frame blurred by motion has little high-frequency energy.
+Frames are turned upright by the video's display matrix, as players show them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from PIL import Image
+
+from splatscale.atomic import atomic_path
+from splatscale.errors import DataError
+
+SHARPNESS_WIDTH = 640
+JPEG_QUALITY = 95
+
+
+def sharpness(grey: np.ndarray) -> float:
+    """Variance of the 4-neighbour Laplacian of a grey image."""
+    g = grey.astype(np.float32)
+    laplacian = (g[1:-1, :-2] + g[1:-1, 2:] + g[:-2, 1:-1] + g[2:, 1:-1]
+                 - 4.0 * g[1:-1, 1:-1])
+    return float(laplacian.var())
+
+
+def _open(path: Path):
+    import av
+
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, OSError) as error:
+        raise DataError(f"{path}: not a video that can be decoded ({error})") from None
+    if not container.streams.video:
+        container.close()
+        raise DataError(f"{path}: holds no video stream")
+    return container
+
+
+def count_frames(path: Path) -> int:
+    """The video's frame count: its header's, else its packets counted (no decoding).
+    Refuses a file that cannot be opened or holds no frame."""
+    import av
+
+    with _open(path) as container:
+        stream = container.streams.video[0]
+        total = stream.frames
+        if not total:
+            try:
+                total = sum(1 for packet in container.demux(stream) if packet.size)
+            except av.error.FFmpegError as error:
+                raise DataError(f"{path}: cannot be read ({error})") from None
+    if not total:
+        raise DataError(f"{path}: holds no video frames")
+    return total
+
+
+def _upright(frame) -> Image.Image:
+    image = frame.to_ndarray(format="rgb24")
+    quarter_turns = round(getattr(frame, "rotation", 0) / 90) % 4
+    return Image.fromarray(np.ascontiguousarray(np.rot90(image, quarter_turns)))
+
+
+def _grey(frame) -> np.ndarray:
+    width = min(frame.width, SHARPNESS_WIDTH)
+    height = max(1, round(frame.height * width / frame.width))
+    return frame.reformat(width=width, height=height, format="gray").to_ndarray()
+
+
+def extract_frames(path: Path, count: int, total: int, folder: Path,
+                   advance: Callable[[int], None] = lambda n: None) -> list[str]:
+    """Write the sharpest frame of each of ``count`` windows over the video's ``total``
+    frames to ``folder`` as ``<video stem>_<frame index>.jpg``; their names, in order.
+    ``advance(1)`` is called for each frame decoded. One frame per window is held."""
+    import av
+
+    windows = min(count, total)
+    names: list[str] = []
+    best: tuple[int, float, int, Image.Image] | None = None  # window, score, index, image
+
+    def keep(window_best: tuple[int, float, int, Image.Image]) -> None:
+        name = f"{path.stem}_{window_best[2]:06d}.jpg"
+        with atomic_path(folder / name) as tmp:
+            window_best[3].save(tmp, format="JPEG", quality=JPEG_QUALITY)
+        names.append(name)
+
+    index = -1
+    with _open(path) as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        try:
+            for index, frame in enumerate(container.decode(stream)):
+                window = min(index * windows // total, windows - 1)
+                score = sharpness(_grey(frame))
+                if best is not None and window != best[0]:
+                    keep(best)
+                    best = None
+                if best is None or score > best[1]:
+                    best = (window, score, index, _upright(frame))
+                advance(1)
+        except av.error.FFmpegError as error:
+            raise DataError(f"{path}: cannot be decoded at frame {index + 2} ({error})") from None
+    if best is not None:
+        keep(best)
+    return names

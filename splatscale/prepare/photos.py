@@ -1,0 +1,80 @@
+"""Photos made upright once, so that SfM and training read the same pixels.
+
+A photo that needs nothing (upright, JPEG or PNG) is copied byte for byte,
+keeping its EXIF, which gives SfM a focal length to start from. A photo with an
+EXIF orientation is turned upright (a JPEG stays a JPEG, at quality 95, its EXIF
+kept without the orientation); any other format becomes a lossless 8-bit PNG.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image, ImageOps
+
+from splatscale.atomic import atomic_path
+from splatscale.data.images import to_rgb8
+from splatscale.errors import DataError
+
+ORIENTATION, MAKE, MODEL = 0x0112, 0x010F, 0x0110
+EXIF_IFD, FOCAL_LENGTH, FOCAL_35MM = 0x8769, 0x920A, 0xA405
+KEPT_FORMATS = ("JPEG", "PNG")
+JPEG_QUALITY = 95
+
+
+@dataclass(frozen=True)
+class Photo:
+    """One input photo, inspected: how to write it, and the camera it was taken with."""
+
+    source: Path
+    name: str                  # its file name in the scene's images/
+    copy: bool                 # the file is written as it is
+    camera: tuple              # photos with equal values share one camera in SfM
+
+
+def inspect_photo(path: Path) -> Photo:
+    """Decode ``path`` whole (a truncated file is refused here, before anything is
+    written) and read what decides how it is written and which camera it shares."""
+    try:
+        with Image.open(path) as image:
+            image.load()
+            exif = image.getexif()
+            size, fmt = image.size, image.format
+    except (OSError, SyntaxError, ValueError) as error:
+        raise DataError(f"{path}: not a readable image ({error})") from None
+    orientation = exif.get(ORIENTATION, 1)
+    if orientation in (5, 6, 7, 8):  # a quarter turn: width and height swap
+        size = size[::-1]
+    details = exif.get_ifd(EXIF_IFD)
+    camera = (exif.get(MAKE), exif.get(MODEL), details.get(FOCAL_LENGTH),
+              details.get(FOCAL_35MM), size)
+    copy = orientation == 1 and fmt in KEPT_FORMATS
+    name = path.name if copy or fmt == "JPEG" else path.stem + ".png"
+    return Photo(path, name, copy, tuple(str(v) if v is not None else None for v in camera))
+
+
+def write_photo(photo: Photo, folder: Path) -> None:
+    """Write ``photo`` upright into ``folder``, atomically."""
+    with atomic_path(folder / photo.name) as tmp:
+        if photo.copy:
+            shutil.copyfile(photo.source, tmp)
+            return
+        with Image.open(photo.source) as image:
+            upright = ImageOps.exif_transpose(image)
+            if image.format == "JPEG":
+                upright.convert("RGB").save(tmp, format="JPEG", quality=JPEG_QUALITY,
+                                            exif=upright.getexif())
+            else:
+                Image.fromarray(to_rgb8(upright, (0.0, 0.0, 0.0))).save(tmp, format="PNG")
+
+
+def check_names(photos: list[Photo]) -> None:
+    """Refuse two photos that would be written under one name (``a.tif`` and ``a.png``)."""
+    seen: dict[str, Path] = {}
+    for photo in photos:
+        if photo.name in seen:
+            raise DataError(f"{photo.source}: would be written as {photo.name}, as "
+                            f"{seen[photo.name]} is; rename one of them")
+        seen[photo.name] = photo.source

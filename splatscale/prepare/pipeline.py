@@ -1,0 +1,209 @@
+"""``splatscale prepare``: photos or videos to a COLMAP scene, stage by stage.
+
+Every check that can fail on the input (the files found, every photo decoded,
+every video opened and its frames counted, the output folder and its lock) runs
+before the output folder is written. Then: images (normalised once, so SfM and
+training read the same pixels), features, matching, mapping, the largest model
+written to ``sparse/0``. Each stage shows its progress and is timed.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Iterator
+
+from tqdm import tqdm
+
+from splatscale.errors import DataError
+from splatscale.folder_lock import locked_folder
+from splatscale.messages import notice
+from splatscale.prepare.frames import count_frames, extract_frames
+from splatscale.prepare.photos import Photo, check_names, inspect_photo, write_photo
+from splatscale.prepare.scene_folder import STAGING_IMAGES, SceneFolder
+from splatscale.prepare.sfm import (SfmSettings, extract_features, image_pairs, map_scene,
+                                    match_features, quiet_logs)
+from splatscale.prepare.sources import MIN_VIEWS, Sources, find_sources
+
+
+@dataclass(frozen=True)
+class Request:
+    input: Path
+    output: Path
+    frames: int                 # taken from the videos, in all
+    sfm: SfmSettings
+    overwrite: bool = False
+    verbose: bool = False
+    progress: bool = True
+
+
+@dataclass
+class Inputs:
+    """The checked input: photos inspected, or videos with the frames taken from each."""
+
+    sources: Sources
+    photos: list[Photo]
+    frames: dict[Path, tuple[int, int]]  # video: (frames to take, frames it has)
+
+
+def prepare(request: Request) -> dict:
+    """Check everything, then make the scene; the report of what SfM found."""
+    quiet_logs(request.verbose)
+    inputs = _checked_inputs(request)
+    if request.sfm.matcher is None:
+        request = replace(request, sfm=replace(
+            request.sfm, matcher="sequential" if inputs.sources.videos else "exhaustive"))
+    settings = {"input": str(request.input.resolve()), "camera_model": request.sfm.camera_model,
+                "max_image_size": request.sfm.max_image_size,
+                "frames": request.frames if inputs.sources.videos else None}
+    folder = SceneFolder(request.output)
+    with locked_folder(folder.path):
+        manifest = folder.check(settings, request.overwrite)
+        if manifest is None:
+            folder.clear()
+            manifest = {"settings": settings}
+        folder.clear_partial()
+        return _make_scene(request, inputs, folder, manifest)
+
+
+def _checked_inputs(request: Request) -> Inputs:
+    sources = find_sources(request.input)
+    photos = [inspect_photo(path) for path in _bar(request, sources.photos, "checking images",
+                                                   "image")]
+    check_names(photos)
+    counts = {video: count_frames(video) for video in sources.videos}
+    return Inputs(sources, photos, _share_frames(request.frames, counts))
+
+
+def _share_frames(wanted: int, counts: dict[Path, int]) -> dict[Path, tuple[int, int]]:
+    """The frames to take from each video: ``wanted`` in all, in proportion to their
+    lengths, at least one each and never more than a video has."""
+    total = sum(counts.values())
+    shares = {video: (min(n, max(1, round(wanted * n / total))), n)
+              for video, n in counts.items()}
+    taken = sum(share for share, _ in shares.values())
+    if counts and taken < MIN_VIEWS:
+        raise DataError(f"{', '.join(map(str, counts))}: {taken} frames in all; structure "
+                        f"from motion needs at least {MIN_VIEWS} views")
+    return shares
+
+
+def _bar(request: Request, items=None, desc: str = "", unit: str = "", total=None):
+    return tqdm(items, total=total, desc=desc, unit=unit, leave=False,
+                disable=not request.progress)
+
+
+@contextmanager
+def _stage(times: dict, name: str) -> Iterator[None]:
+    start = time.perf_counter()
+    yield
+    times[name] = round(time.perf_counter() - start, 2)
+
+
+def _make_scene(request: Request, inputs: Inputs, folder: SceneFolder, manifest: dict) -> dict:
+    times: dict[str, float] = {}
+    with _stage(times, "images"):
+        reused_images = _images_present(folder, manifest)
+        if reused_images:
+            notice(f"reusing the {len(_names(manifest))} images in {folder.images}")
+        else:
+            folder.write_manifest(manifest)  # first: the folder is prepare's from here
+            manifest.update(_write_images(request, inputs, folder))
+            folder.write_manifest(manifest)
+    names = _names(manifest)
+    with _stage(times, "features"), _bar(request, total=len(names), desc="features",
+                                         unit="image") as bar:
+        reused_features = extract_features(folder.database, folder.images, manifest["cameras"],
+                                           request.sfm, bar.update)
+    pairs = image_pairs(manifest["sequences"], request.sfm.matcher)
+    with _stage(times, "matching"), _bar(request, total=len(pairs),
+                                         desc=f"matching ({request.sfm.matcher})",
+                                         unit="pair") as bar:
+        reused_pairs = match_features(folder.database, pairs, bar.update)
+    if reused_features or reused_pairs:
+        notice(f"reusing {folder.database}: features of {reused_features} images, matches "
+               f"of {reused_pairs} pairs")
+    with _stage(times, "mapping"), _bar(request, total=len(names),
+                                        desc=f"mapping ({request.sfm.mapper})",
+                                        unit="image") as bar, \
+            tempfile.TemporaryDirectory(dir=folder.path, prefix=".mapping.") as scratch:
+        models = map_scene(folder.database, folder.images, Path(scratch), request.sfm,
+                           bar.update)
+        model = max(models.values(), key=lambda m: m.num_reg_images(), default=None)
+        _check_registered(folder, model, len(names))
+        folder.publish_model(model)
+    report = _report(request, folder, model, names, len(pairs), times,
+                     {"images": reused_images, "features": reused_features,
+                      "pairs": reused_pairs})
+    manifest["report"] = report
+    folder.write_manifest(manifest)
+    _tell(report)
+    return report
+
+
+def _names(manifest: dict) -> list[str]:
+    return [name for group in manifest.get("cameras", []) for name in group]
+
+
+def _images_present(folder: SceneFolder, manifest: dict) -> bool:
+    names = _names(manifest)
+    return bool(names) and all((folder.images / name).is_file() for name in names)
+
+
+def _write_images(request: Request, inputs: Inputs, folder: SceneFolder) -> dict:
+    """Write the images into a staging folder that becomes ``images/`` once whole:
+    ``cameras`` (groups of names sharing one camera) and ``sequences`` (names in
+    capture order, one list per video; one list of photos)."""
+    staged = folder.path / STAGING_IMAGES
+    staged.mkdir()
+    if inputs.photos:
+        for photo in _bar(request, inputs.photos, "writing images", "image"):
+            write_photo(photo, staged)
+        cameras: dict[tuple, list[str]] = {}
+        for photo in inputs.photos:
+            cameras.setdefault(photo.camera, []).append(photo.name)
+        sequences = [[photo.name for photo in inputs.photos]]
+        groups = list(cameras.values())
+    else:
+        with _bar(request, total=sum(n for _, n in inputs.frames.values()),
+                  desc="decoding video", unit="frame") as bar:
+            sequences = [extract_frames(video, take, total, staged, bar.update)
+                         for video, (take, total) in inputs.frames.items()]
+        groups = sequences
+    folder.publish_images(staged)
+    return {"cameras": groups, "sequences": sequences}
+
+
+def _check_registered(folder: SceneFolder, model, total: int) -> None:
+    registered = model.num_reg_images() if model is not None else 0
+    if registered < MIN_VIEWS or 2 * registered < total:
+        raise DataError(
+            f"{folder.path}: structure from motion registered {registered} of {total} "
+            "images; the usual causes are too little overlap between views, motion blur, "
+            "and textureless or shiny surfaces (features and matches are kept in "
+            f"{folder.database})")
+
+
+def _report(request: Request, folder: SceneFolder, model, names: list[str], pairs: int,
+            times: dict, reused: dict) -> dict:
+    registered = {image.name for image in model.images.values() if image.has_pose}
+    return {"scene": str(folder.path), "images": len(names), "registered": len(registered),
+            "left_out": [name for name in names if name not in registered],
+            "cameras": model.num_cameras(), "points": model.num_points3D(),
+            "mean_reprojection_error_px": round(model.compute_mean_reprojection_error(), 4),
+            "pairs": pairs, "sfm": asdict(request.sfm), "seconds": times, "reused": reused}
+
+
+def _tell(report: dict) -> None:
+    notice(f"registered {report['registered']} of {report['images']} images "
+           f"({report['cameras']} camera{'s' if report['cameras'] > 1 else ''}), "
+           f"{report['points']:,} points, mean reprojection error "
+           f"{report['mean_reprojection_error_px']:.2f} px")
+    if report["left_out"]:
+        shown = ", ".join(report["left_out"][:8])
+        notice(f"left out: {shown}{', ...' if len(report['left_out']) > 8 else ''}")
+    notice("seconds: " + ", ".join(f"{stage} {s:.1f}" for stage, s in report["seconds"].items()))
+    notice(f"train it: splatscale train {report['scene']} -o OUTPUT")

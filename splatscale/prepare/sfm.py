@@ -1,0 +1,183 @@
+"""Structure from motion with pycolmap: SIFT features, matching, mapping.
+
+Every stage writes to one COLMAP database and skips what it already holds (an
+image's features, a pair's matches), so running again after a stop goes on
+where it stopped. Features are extracted and pairs matched in small batches,
+which gives progress and lets Ctrl-C stop between batches; mapping runs in a
+worker thread that a Ctrl-C cancels.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+EXTRACT_BATCH = 8      # images per feature-extraction call
+MATCH_BATCH = 256      # image pairs per matching call
+SEQUENTIAL_OVERLAP = 10  # COLMAP's sequential matcher's default
+# COLMAP registers a view from 30 inliers and a 25 % inlier ratio. Images of under a
+# megapixel (video frames, downscaled photos) hold a few hundred features, and views of
+# them that 15 inliers and 15 % place correctly were left out (tests/test_prepare.py).
+ABS_POSE_MIN_INLIERS = 15
+ABS_POSE_MIN_INLIER_RATIO = 0.15
+
+
+@dataclass(frozen=True)
+class SfmSettings:
+    camera_model: str = "SIMPLE_RADIAL"
+    max_image_size: int = 3200    # SIFT runs on images downscaled to this; keypoints scale back
+    matcher: str | None = None    # exhaustive, sequential (video frames); None: by the input
+    mapper: str = "incremental"   # or "global" (GLOMAP's pipeline in pycolmap)
+
+
+def quiet_logs(verbose: bool) -> None:
+    """pycolmap logs every step of every stage on stderr: only its errors, unless asked."""
+    import pycolmap
+
+    pycolmap.logging.minloglevel = 0 if verbose else 2
+    pycolmap.logging.stderrthreshold = 0 if verbose else 2
+
+
+def _batches(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def extracted(database: Path) -> set[str]:
+    """Names of the images whose features the database holds."""
+    import pycolmap
+
+    if not database.exists():
+        return set()
+    with pycolmap.Database.open(str(database)) as db:
+        return {image.name for image in db.read_all_images()
+                if db.exists_keypoints(image.image_id) and db.exists_descriptors(image.image_id)}
+
+
+def _camera_of(database: Path, name: str) -> int:
+    import pycolmap
+
+    with pycolmap.Database.open(str(database)) as db:
+        return db.read_image_with_name(name).camera_id
+
+
+def extract_features(database: Path, images: Path, groups: list[list[str]],
+                     settings: SfmSettings, advance: Callable[[int], None]) -> int:
+    """SIFT features of every image, one camera per group of names (its intrinsics
+    shared in SfM); images the database already holds are skipped. The count skipped."""
+    import pycolmap
+
+    done = extracted(database)
+    options = pycolmap.FeatureExtractionOptions()
+    options.max_image_size = settings.max_image_size
+    for group in groups:
+        reader = pycolmap.ImageReaderOptions()
+        reader.camera_model = settings.camera_model
+        known = [name for name in group if name in done]
+        if known:
+            reader.existing_camera_id = _camera_of(database, known[0])
+        advance(len(known))
+        for batch in _batches([name for name in group if name not in done], EXTRACT_BATCH):
+            pycolmap.extract_features(database, images, image_names=batch,
+                                      camera_mode=pycolmap.CameraMode.SINGLE,
+                                      reader_options=reader, extraction_options=options,
+                                      device=pycolmap.Device.cpu)
+            reader.existing_camera_id = _camera_of(database, batch[0])
+            advance(len(batch))
+    return len(done)
+
+
+def image_pairs(sequences: list[list[str]], matcher: str) -> list[tuple[str, str]]:
+    """The pairs to match: every pair (exhaustive); or, for images in capture order
+    (sequential), each with its next ``SEQUENTIAL_OVERLAP`` and with those 2^k further
+    on in its own sequence (COLMAP's sequential matcher with its quadratic overlap),
+    and every pair across sequences (several videos of one scene)."""
+    names = [name for sequence in sequences for name in sequence]
+    if matcher == "exhaustive":
+        return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
+    steps = sorted({*range(1, SEQUENTIAL_OVERLAP + 1),
+                    *(2 ** k for k in range(SEQUENTIAL_OVERLAP))})
+    within = [(seq[i], seq[i + step]) for seq in sequences for i in range(len(seq))
+              for step in steps if i + step < len(seq)]
+    across = [(a, b) for k, seq in enumerate(sequences) for other in sequences[k + 1:]
+              for a in seq for b in other]
+    return within + across
+
+
+def unmatched(database: Path, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Those of ``pairs`` (image names) the database has not matched."""
+    import pycolmap
+
+    with pycolmap.Database.open(str(database)) as db:
+        ids = {image.name: image.image_id for image in db.read_all_images()}
+        return [(a, b) for a, b in pairs if not db.exists_matches(ids[a], ids[b])]
+
+
+def match_features(database: Path, pairs: list[tuple[str, str]],
+                   advance: Callable[[int], None]) -> int:
+    """Match and geometrically verify ``pairs`` of image names; pairs the database
+    has matched are skipped. The count skipped."""
+    import pycolmap
+
+    todo = unmatched(database, pairs)
+    advance(len(pairs) - len(todo))
+    with tempfile.TemporaryDirectory() as scratch:
+        listing = Path(scratch) / "pairs.txt"
+        for batch in _batches(todo, MATCH_BATCH):
+            listing.write_text("".join(f"{a} {b}\n" for a, b in batch))
+            pairing = pycolmap.ImportedPairingOptions()
+            pairing.match_list_path = str(listing)
+            pycolmap.match_image_pairs(database, pairing_options=pairing,
+                                       device=pycolmap.Device.cpu)
+            advance(len(batch))
+    return len(pairs) - len(todo)
+
+
+def map_scene(database: Path, images: Path, output: Path, settings: SfmSettings,
+              advance: Callable[[int], None]):
+    """The reconstructions the mapper finds, written under ``output``; ``advance(1)``
+    for each image the incremental mapper registers. A Ctrl-C cancels it."""
+    import pycolmap
+
+    if settings.mapper == "global":  # it takes no cancellation token: Ctrl-C leaves it
+        return _cancellable(lambda token: pycolmap.global_mapping(database, images, output),
+                            cancels=False)
+    options = pycolmap.IncrementalPipelineOptions()
+    options.mapper.abs_pose_min_num_inliers = ABS_POSE_MIN_INLIERS
+    options.mapper.abs_pose_min_inlier_ratio = ABS_POSE_MIN_INLIER_RATIO
+    return _cancellable(lambda token: pycolmap.incremental_mapping(
+        database, images, output, options, next_image_callback=lambda: advance(1),
+        cancellation_token=token))
+
+
+def _cancellable(call: Callable, cancels: bool = True):
+    """``call(token)`` in a worker thread, so that Ctrl-C reaches this one: it cancels
+    the token, waits for the worker to stop (if ``call`` heeds the token), and goes on
+    with the KeyboardInterrupt."""
+    import pycolmap
+
+    token = pycolmap.CancellationToken()
+    outcome: dict = {}
+
+    def work() -> None:
+        try:
+            outcome["result"] = call(token)
+        except BaseException as error:  # handed to the waiting thread
+            outcome["error"] = error
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.2)
+    except KeyboardInterrupt:
+        token.cancel()
+        if cancels:
+            worker.join()
+        raise
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]

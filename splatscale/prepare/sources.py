@@ -1,0 +1,44 @@
+"""What ``prepare`` reads: a folder of photos, a video, or a folder of videos."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from splatscale.errors import DataError
+
+PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".webp", ".bmp")
+VIDEO_SUFFIXES = (".mp4", ".mov", ".m4v", ".avi", ".mkv", ".webm", ".mts", ".mpg", ".mpeg")
+MIN_VIEWS = 3  # SfM's least: two views make a pair, a third is registered against them
+
+
+@dataclass(frozen=True)
+class Sources:
+    """The input's photos or its videos (one kind), sorted by name."""
+
+    photos: tuple[Path, ...] = ()
+    videos: tuple[Path, ...] = ()
+
+
+def find_sources(path: Path) -> Sources:
+    """The photos or videos at ``path``: a video file, or the files of a folder (not
+    its subfolders). Refuses an input with neither, with both, or with too few photos."""
+    if not path.exists():
+        raise DataError(f"{path}: no such file or folder")
+    if path.is_file():
+        if path.suffix.lower() in VIDEO_SUFFIXES:
+            return Sources(videos=(path,))
+        raise DataError(f"{path}: not a video ({', '.join(VIDEO_SUFFIXES)}) nor a folder of "
+                        "images")
+    files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    photos = tuple(p for p in files if p.suffix.lower() in PHOTO_SUFFIXES)
+    videos = tuple(p for p in files if p.suffix.lower() in VIDEO_SUFFIXES)
+    if photos and videos:
+        raise DataError(f"{path}: holds both images and videos; prepare one kind at a time")
+    if not photos and not videos:
+        raise DataError(f"{path}: no images ({', '.join(PHOTO_SUFFIXES)}) or videos "
+                        f"({', '.join(VIDEO_SUFFIXES)}) in the folder")
+    if photos and len(photos) < MIN_VIEWS:
+        raise DataError(f"{path}: {len(photos)} image{'s' if len(photos) > 1 else ''}; "
+                        f"structure from motion needs at least {MIN_VIEWS} views")
+    return Sources(photos, videos)

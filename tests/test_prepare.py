@@ -1,0 +1,213 @@
+"""`splatscale prepare`: photos and video to a COLMAP scene whose cameras match the
+known ones, resumable, and one line for each bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from splatscale.cli import main
+from splatscale.data import load_scene
+from splatscale.prepare.alignment import pose_errors, similarity
+from splatscale.prepare.frames import sharpness
+from splatscale.prepare.sfm import image_pairs
+from tests.conftest import data_path
+from tests.test_bad_input import assert_clean_error
+from tests.test_refused_runs import snapshot
+
+SNOWMIKU = data_path("snowmiku")
+EVERY = 3  # every 3rd of snowmiku's 97 views (495 x 371, 1/8 of the capture's): 33
+
+
+def poses(scene) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    return {Path(view.camera.name).name: (view.camera.viewmat[:3, :3].numpy(),
+                                          view.camera.center.numpy()) for view in scene.views}
+
+
+def some_photos(folder: Path, every: int = EVERY) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for source in sorted((SNOWMIKU / "images").iterdir())[::every]:
+        shutil.copyfile(source, folder / source.name)
+        written.append(folder / source.name)
+    return written
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory) -> tuple[Path, Path, dict]:
+    base = tmp_path_factory.mktemp("prepare")
+    some_photos(base / "photos")
+    assert main(["prepare", str(base / "photos"), "-o", str(base / "scene"), "--quiet"]) == 0
+    report = json.loads((base / "scene" / "prepare.json").read_text())["report"]
+    return base / "photos", base / "scene", report
+
+
+def assert_close_to_known(found: dict, registered_at_least: int) -> None:
+    assert len(found) >= registered_at_least
+    known_scene = load_scene(SNOWMIKU)
+    angles, distances = pose_errors(found, poses(known_scene))
+    extent = known_scene.camera_extent(list(range(len(known_scene.views))))
+    assert np.median(angles) < 1.0, angles
+    assert np.median(distances) < 0.01 * extent, (distances, extent)
+
+
+def test_photos_make_a_scene_whose_cameras_match_the_known_ones(prepared):
+    photos, scene, report = prepared
+    assert report["registered"] == report["images"] == 33 and not report["left_out"]
+    assert report["cameras"] == 1  # one size, no EXIF: one shared camera
+    assert report["sfm"]["matcher"] == "exhaustive" and report["pairs"] == 33 * 32 // 2
+    assert 0 < report["mean_reprojection_error_px"] < 2 and report["points"] > 1000
+    assert set(report["seconds"]) == {"images", "features", "matching", "mapping"}
+    for photo in photos.iterdir():  # upright JPEGs are taken byte for byte
+        assert (scene / "images" / photo.name).read_bytes() == photo.read_bytes()
+    assert_close_to_known(poses(load_scene(scene)), 33)
+
+
+def test_running_again_reuses_features_and_matches(prepared, capsys):
+    photos, scene, _ = prepared
+    assert main(["prepare", str(photos), "-o", str(scene), "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["reused"] == {"images": True, "features": 33, "pairs": 33 * 32 // 2}
+    assert report["registered"] == 33
+
+
+def test_changed_settings_are_refused_and_change_nothing(prepared, capsys):
+    photos, scene, _ = prepared
+    before = snapshot(scene)
+    code = main(["prepare", str(photos), "-o", str(scene), "--camera-model", "OPENCV"])
+    assert_clean_error(code, capsys.readouterr().err, str(scene), "camera_model",
+                       "--overwrite")
+    assert snapshot(scene) == before
+
+
+def test_a_video_goes_through_the_video_path(tmp_path, capsys):
+    import av
+
+    frames = some_photos(tmp_path / "frames", every=1)[:48]
+    video = tmp_path / "orbit.mp4"
+    with av.open(str(video), "w") as container:
+        stream = container.add_stream("mpeg4", rate=10)
+        stream.width, stream.height, stream.pix_fmt = 494, 370, "yuv420p"
+        stream.bit_rate = 4_000_000
+        for path in frames:
+            with Image.open(path) as image:
+                frame = av.VideoFrame.from_image(image.crop((0, 0, 494, 370)))
+            for packet in stream.encode(frame):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    scene = tmp_path / "scene"
+    assert main(["prepare", str(video), "-o", str(scene), "--frames", "24", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["images"] == 24 and report["registered"] >= 20
+    assert report["sfm"]["matcher"] == "sequential" and report["cameras"] == 1
+    names = sorted(p.name for p in (scene / "images").iterdir())
+    assert len(names) == 24 and all(name.startswith("orbit_") for name in names)
+    # Frame k is photo k: its known pose is that photo's.
+    found = {frames[int(name[6:12])].name: pose for name, pose in
+             poses(load_scene(scene)).items()}
+    assert_close_to_known(found, 20)
+
+
+def test_train_on_photos_alone_names_the_prepare_command(prepared, tmp_path, capsys):
+    photos, _, _ = prepared
+    code = main(["train", str(photos), "-o", str(tmp_path / "run")])
+    assert_clean_error(code, capsys.readouterr().err, "splatscale prepare", str(photos))
+    assert not (tmp_path / "run").exists()
+
+
+def noise_photos(folder: Path, count: int) -> None:
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(count):
+        Image.fromarray(rng.integers(0, 256, (120, 160, 3), dtype=np.uint8)).save(
+            folder / f"noise_{i}.png")
+
+
+@pytest.mark.parametrize("case, fragment", [
+    ("missing", "no such file"),
+    ("empty", "no images"),
+    ("two", "at least 3"),
+    ("truncated", "not a readable image"),
+    ("mixed", "both images and videos"),
+    ("bad video", "not a video that can be decoded"),
+    ("unregistered", "registered 0 of 4 images"),
+])
+def test_bad_input_gets_one_line(case, fragment, tmp_path, capsys):
+    source = tmp_path / "input"
+    if case == "empty":
+        source.mkdir()
+    elif case == "two":
+        some_photos(source, every=40)[2].unlink()
+    elif case == "truncated":
+        photos = some_photos(source, every=20)
+        photos[1].write_bytes(photos[1].read_bytes()[:2000])
+    elif case == "mixed":
+        some_photos(source, every=20)
+        (source / "clip.mp4").write_bytes(b"\0" * 100)
+    elif case == "bad video":
+        source = tmp_path / "clip.mp4"
+        source.write_bytes(np.random.default_rng(0).bytes(5000))
+    elif case == "unregistered":
+        noise_photos(source, 4)
+    code = main(["prepare", str(source), "-o", str(tmp_path / "scene"), "--quiet"])
+    assert_clean_error(code, capsys.readouterr().err, fragment)
+    if case != "unregistered":  # SfM's outcome, not a refusal: its database is kept
+        assert not (tmp_path / "scene").exists()
+
+
+def test_a_folder_holding_other_files_is_refused(prepared, tmp_path, capsys):
+    photos, _, _ = prepared
+    scene = tmp_path / "scene"
+    (scene / "images").mkdir(parents=True)
+    (scene / "notes.txt").write_text("mine")
+    before = snapshot(scene)
+    code = main(["prepare", str(photos), "-o", str(scene), "--overwrite"])
+    assert_clean_error(code, capsys.readouterr().err, "prepare did not write")
+    assert snapshot(scene) == before
+
+
+def test_similarity_recovers_a_known_transform():
+    rng = np.random.default_rng(1)
+    points = rng.normal(size=(20, 3))
+    q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    rotation = q * np.sign(np.linalg.det(q))
+    moved = 2.5 * points @ rotation.T + np.array([1.0, -2.0, 0.5])
+    scale, found, shift = similarity(points, moved)
+    assert scale == pytest.approx(2.5) and np.allclose(found, rotation)
+    assert np.allclose(shift, [1.0, -2.0, 0.5])
+
+
+def test_pose_errors_are_zero_for_the_same_cameras_in_another_frame():
+    rng = np.random.default_rng(2)
+    known = {}
+    for i in range(6):
+        q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+        known[f"{i}.jpg"] = (q * np.sign(np.linalg.det(q)), rng.normal(size=3))
+    q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    turn = q * np.sign(np.linalg.det(q))  # world_found = 0.3 * turn @ world_known + 1
+    found = {name: (rot @ turn.T, 0.3 * turn @ centre + 1.0)
+             for name, (rot, centre) in known.items()}
+    angles, distances = pose_errors(found, known)
+    assert np.allclose(angles, 0, atol=1e-5) and np.allclose(distances, 0, atol=1e-9)
+
+
+def test_sequential_pairs_follow_capture_order_and_join_videos():
+    first, second = [f"a{i}" for i in range(30)], ["b0", "b1"]
+    pairs = image_pairs([first, second], "sequential")
+    assert ("a0", "a1") in pairs and ("a0", "a10") in pairs and ("a0", "a16") in pairs
+    assert ("a0", "a11") not in pairs  # beyond the overlap and not a power of two
+    assert ("a5", "b1") in pairs and ("b0", "b1") in pairs
+    assert len(image_pairs([first], "exhaustive")) == 30 * 29 // 2
+
+
+def test_sharpness_prefers_the_unblurred_frame():
+    rng = np.random.default_rng(3)
+    sharp = rng.integers(0, 256, (64, 64)).astype(np.float32)
+    blurred = (sharp + np.roll(sharp, 1, 0) + np.roll(sharp, 1, 1) + np.roll(sharp, 1, (0, 1))) / 4
+    assert sharpness(sharp) > 4 * sharpness(blurred)
