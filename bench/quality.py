@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--max-gaussians", type=int, default=None)
     parser.add_argument("--resolution", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--random-init", choices=("cameras", "cube"), default=None,
+    parser.add_argument("--random-init", choices=("auto", "cameras", "cube"), default=None,
                         help="start from random points by this rule, not the scene's")
     parser.add_argument("--plot", type=Path, default=None,
                         help="the PNG (default quality-<scene>-<variant>-<strategy>.png here)")
@@ -115,7 +115,7 @@ def main() -> None:
     store = ImageStore(scene, resolution=args.resolution, background=scene.background)
     config = TrainConfig(iterations=args.images, seed=args.seed, strategy=args.strategy,
                          max_gaussians=args.max_gaussians,
-                         random_init=args.random_init or "cameras")
+                         random_init=args.random_init or "auto")
     variant = "sparse" if args.sparse else "every8"
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(scene, store, config,

@@ -54,3 +54,21 @@ def moved_views(cameras: list[Camera], centre: torch.Tensor, count: int,
         viewmat[:3, 3] -= viewmat[:3, :3] @ offset  # the centre moves by +offset
         views.append(Camera(viewmat, camera.K, camera.width, camera.height, f"{camera.name}+"))
     return views
+
+
+def write_video(images: list[Path], path: Path, fps: int = 10) -> None:
+    """An MPEG-4 video of ``images`` (cropped to even sizes), as a phone would film them."""
+    import av
+    from PIL import Image
+
+    with Image.open(images[0]) as first:
+        width, height = first.width // 2 * 2, first.height // 2 * 2
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.bit_rate = 4_000_000
+        for image_path in images:
+            with Image.open(image_path) as image:
+                frame = av.VideoFrame.from_image(image.crop((0, 0, width, height)))
+            container.mux(stream.encode(frame))
+        container.mux(stream.encode())

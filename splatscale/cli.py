@@ -116,10 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "schedule (default), or mcmc, 3DGS as Markov-chain Monte Carlo "
                             "(gsplat's MCMCStrategy: faint Gaussians relocated, 5%% growth "
                             "to --max-gaussians, default 1000000)")
-    train.add_argument("--random-init", choices=("cameras", "cube"), default=None,
-                       help="for a scene without points: 100,000 random points where the "
-                            "cameras look (cameras: default) or in a cube 3 scene scales "
-                            "around them (cube, gsplat's rule)")
+    train.add_argument("--random-init", choices=("auto", "cameras", "cube"), default=None,
+                       help="for a scene without points, where 100,000 random points go: "
+                            "cameras (where the cameras look: an object), cube (3 scene "
+                            "scales around the cameras, gsplat's rule: a room), or auto "
+                            "(default: cameras when the images have a plain border)")
     train.add_argument("--max-gaussians", type=_integer(1), default=None,
                        help="never train more Gaussians than N (3dgs: densify the largest "
                             "gradients first; default no limit)")
@@ -214,7 +215,12 @@ def main(argv: list[str] | None = None) -> int:
         if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
             # Until training takes them over, both stop quietly.
             signal.signal(signum, interrupt)
-    return run_reported(lambda: _run(args))
+    code = run_reported(lambda: _run(args))
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        # Finished and reported: a stop signal that arrives now (a launcher's forwarded
+        # one, late) must not turn the status said into another.
+        signal.signal(signum, signal.SIG_IGN)
+    return code
 
 
 def _run(args: argparse.Namespace) -> int:

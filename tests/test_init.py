@@ -1,4 +1,5 @@
-"""Initialisation without SfM points: random points where the cameras look."""
+"""Initialisation without SfM points: random points where the cameras look, or in a
+cube around them, chosen by what the images show."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from splatscale.data.scene import Scene, View
 from splatscale.engine.local import local_engine
 from splatscale.model import init_from_points
 from splatscale.model.gaussians import SH_C0, SH_REST, GaussianModel
-from splatscale.model.init import (CUBE_EXTENT, focus_point, random_points_in_cube,
-                                   random_points_in_view)
+from splatscale.data import load_scene
+from splatscale.model.init import (CUBE_EXTENT, focus_point, plain_background,
+                                   random_points_in_cube, random_points_in_view)
 from splatscale.render import render
 from splatscale.train.config import TrainConfig
-from splatscale.train.trainer import RunOptions, Trainer
-from tests.conftest import look_at_camera
+from splatscale.train.trainer import RunOptions, Trainer, random_init_rule
+from tests.conftest import data_path, look_at_camera
 
 OBJECT_RADIUS = 0.5
 IMAGES, POINTS = 300, 3000
@@ -146,3 +148,22 @@ def test_extent_counts_training_cameras_only(inward_scene, tmp_path):
     assert trainer.test_ids == [0, 8]
     assert trainer.extent == inward_scene.camera_extent(trainer.train_ids)
     assert trainer.extent != inward_scene.camera_extent(list(range(12)))
+
+
+def test_auto_rule_reads_the_images_borders(inward_scene, tmp_path):
+    """An object on black is given points where the cameras look; snowmiku, whose photos
+    show the room around the toy, the cube."""
+    def rule(scene: Scene) -> str:
+        store = ImageStore(scene, cache_dir=tmp_path / "cache")
+        return random_init_rule(store, list(range(len(scene.views))), TrainConfig())
+    assert rule(inward_scene) == "cameras"
+    assert rule(load_scene(data_path("snowmiku"))) == "cube"
+    assert random_init_rule(None, [], TrainConfig(random_init="cube")) == "cube"
+
+
+def test_plain_background_tolerates_an_object_touching_the_border():
+    image = np.full((100, 100, 3), 255, np.uint8)
+    image[40:, 45:55] = 30  # a post running out of the frame: 10 % of the bottom edge
+    assert plain_background([image, image, image])
+    noisy = np.random.default_rng(0).integers(0, 256, (100, 100, 3), dtype=np.uint8)
+    assert not plain_background([noisy, noisy, image])

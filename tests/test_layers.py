@@ -9,13 +9,13 @@ import splatscale
 
 # Bottom to top; a module may import its own layer and those below it.
 LAYERS = [
-    {"errors", "atomic", "messages", "allocator", "threads", "launch"},
+    {"errors", "atomic", "messages", "allocator", "threads", "launch", "folder_lock"},
     {"data"},
     {"model"},
     {"render"},
     {"step"},
     {"engine"},
-    {"train", "demo"},
+    {"train", "demo", "prepare"},
     {"commands"},
     {"cli", "__main__"},
 ]

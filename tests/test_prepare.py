@@ -15,7 +15,9 @@ from splatscale.cli import main
 from splatscale.data import load_scene
 from splatscale.prepare.alignment import pose_errors, similarity
 from splatscale.prepare.frames import sharpness
+from splatscale.prepare.photos import ORIENTATION, inspect_photo, write_photo
 from splatscale.prepare.sfm import image_pairs
+from bench.scenes import write_video
 from tests.conftest import data_path
 from tests.test_bad_input import assert_clean_error
 from tests.test_refused_runs import snapshot
@@ -86,21 +88,9 @@ def test_changed_settings_are_refused_and_change_nothing(prepared, capsys):
 
 
 def test_a_video_goes_through_the_video_path(tmp_path, capsys):
-    import av
-
     frames = some_photos(tmp_path / "frames", every=1)[:48]
     video = tmp_path / "orbit.mp4"
-    with av.open(str(video), "w") as container:
-        stream = container.add_stream("mpeg4", rate=10)
-        stream.width, stream.height, stream.pix_fmt = 494, 370, "yuv420p"
-        stream.bit_rate = 4_000_000
-        for path in frames:
-            with Image.open(path) as image:
-                frame = av.VideoFrame.from_image(image.crop((0, 0, 494, 370)))
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
+    write_video(frames, video)
     scene = tmp_path / "scene"
     assert main(["prepare", str(video), "-o", str(scene), "--frames", "24", "--quiet"]) == 0
     report = json.loads(capsys.readouterr().out)
@@ -211,3 +201,19 @@ def test_sharpness_prefers_the_unblurred_frame():
     sharp = rng.integers(0, 256, (64, 64)).astype(np.float32)
     blurred = (sharp + np.roll(sharp, 1, 0) + np.roll(sharp, 1, 1) + np.roll(sharp, 1, (0, 1))) / 4
     assert sharpness(sharp) > 4 * sharpness(blurred)
+
+
+def test_a_turned_photo_is_written_upright_once(tmp_path):
+    pixels = np.zeros((40, 60, 3), np.uint8)
+    pixels[:, :10] = 255  # a white band on the left of the stored image
+    exif = Image.Exif()
+    exif[ORIENTATION] = 6  # shown turned a quarter clockwise
+    Image.fromarray(pixels).save(tmp_path / "turned.jpg", exif=exif, quality=100)
+    photo = inspect_photo(tmp_path / "turned.jpg")
+    assert not photo.copy and photo.camera[-1] == "(40, 60)"
+    (tmp_path / "out").mkdir()
+    write_photo(photo, tmp_path / "out")
+    with Image.open(tmp_path / "out" / "turned.jpg") as written:
+        assert written.size == (40, 60) and written.getexif().get(ORIENTATION, 1) == 1
+        upright = np.asarray(written.convert("L"), dtype=float)
+    assert upright[:10].mean() > 200 and upright[20:].mean() < 50  # the band is on top

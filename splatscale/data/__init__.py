@@ -33,7 +33,7 @@ def load_scene(path: str | Path, skip_missing_images: bool = False) -> Scene:
 
 def _refuse_unposed(path: Path) -> None:
     """Photos or videos without camera poses: say how to make a scene of them."""
-    from splatscale.prepare.sources import find_sources
+    from splatscale.data.media import find_sources
 
     for media in (path, path / "images"):
         try:

@@ -55,6 +55,25 @@ def init_from_points(points: np.ndarray, colors: np.ndarray,
     )
 
 
+BORDER = 0.03          # the border band's width, as a fraction of each side
+PLAIN_TOLERANCE = 12   # uint8 levels from the band's median colour
+PLAIN_FRACTION = 0.9   # of the band's pixels, in most images, for a plain background
+
+
+def plain_background(images: list[np.ndarray]) -> bool:
+    """Whether most images ([h, w, 3] uint8) have a border of one plain colour: an
+    object shot on a plain (or transparent) background, where random points belong
+    where the cameras look; a capture that shows the room around it has none."""
+    def plain(image: np.ndarray) -> bool:
+        h, w = image.shape[:2]
+        dy, dx = max(1, round(BORDER * h)), max(1, round(BORDER * w))
+        band = np.concatenate([image[:dy].reshape(-1, 3), image[-dy:].reshape(-1, 3),
+                               image[:, :dx].reshape(-1, 3), image[:, -dx:].reshape(-1, 3)])
+        distance = np.abs(band.astype(np.int16) - np.median(band, axis=0)).max(axis=1)
+        return float((distance <= PLAIN_TOLERANCE).mean()) >= PLAIN_FRACTION
+    return 2 * sum(plain(image) for image in images) > len(images)
+
+
 CUBE_EXTENT = 3.0  # gsplat's init_extent: the cube's half side in scene scales
 
 

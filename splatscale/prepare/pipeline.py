@@ -26,7 +26,7 @@ from splatscale.prepare.photos import Photo, check_names, inspect_photo, write_p
 from splatscale.prepare.scene_folder import STAGING_IMAGES, SceneFolder
 from splatscale.prepare.sfm import (SfmSettings, extract_features, image_pairs, map_scene,
                                     match_features, quiet_logs)
-from splatscale.prepare.sources import MIN_VIEWS, Sources, find_sources
+from splatscale.data.media import MIN_VIEWS, Sources, find_sources
 
 
 @dataclass(frozen=True)

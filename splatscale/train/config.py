@@ -34,7 +34,7 @@ class TrainConfig:
     noise_lr: float = 5e5             # mcmc: the means' noise, times their learning rate
     opacity_reg: float = 0.01         # mcmc: L1 on opacity
     scale_reg: float = 0.01           # mcmc: L1 on scale
-    random_init: str = "cameras"      # without SfM points: "cameras" (where they look) or "cube"
+    random_init: str = "auto"         # without SfM points: "cameras", "cube", or by the images
     sh_degree: int = 3
     sh_degree_interval: int = 1_000
     white_background: bool = False

@@ -25,7 +25,8 @@ from splatscale.errors import DataError, Interrupted, TrainingDiverged
 from splatscale.messages import notice
 from splatscale.threads import threading_layer
 from splatscale.model import GaussianModel, init_from_points
-from splatscale.model.init import random_points_in_cube, random_points_in_view
+from splatscale.model.init import (plain_background, random_points_in_cube,
+                                   random_points_in_view)
 from splatscale.model.ply import write_ply_parts
 from splatscale.train import metrics
 from splatscale.train.checkpoint import load_checkpoint, save_checkpoint
@@ -35,6 +36,7 @@ from splatscale.train.strategy import Strategy, make_strategy
 
 RANDOM_INIT_POINTS = 100_000
 RANDOM_INIT = {"cameras": random_points_in_view, "cube": random_points_in_cube}
+RANDOM_INIT_SAMPLE = 8  # training images whose borders decide the "auto" rule
 
 
 @dataclass
@@ -55,14 +57,24 @@ class RunOptions:
 EngineFactory = Callable[[GaussianModel, int, torch.Tensor, float], Engine]
 
 
-def initial_model(scene: Scene, train_ids: list[int], config: TrainConfig,
+def random_init_rule(store: ImageStore, train_ids: list[int], config: TrainConfig) -> str:
+    """``config.random_init``; for "auto", what the images show: "cameras" (points
+    where the cameras look) for an object on a plain background, else "cube"."""
+    if config.random_init != "auto":
+        return config.random_init
+    sample = train_ids[::max(1, len(train_ids) // RANDOM_INIT_SAMPLE)][:RANDOM_INIT_SAMPLE]
+    images = [store.image(i).numpy() for i in sample]
+    return "cameras" if plain_background(images) else "cube"
+
+
+def initial_model(scene: Scene, store: ImageStore, train_ids: list[int], config: TrainConfig,
                   strategy: Strategy) -> GaussianModel:
-    """The SfM points, or random points where the training cameras look (no more
-    than the strategy's budget)."""
+    """The SfM points, or random points by ``random_init_rule`` (no more than the
+    strategy's budget)."""
     points, colors = scene.points, scene.colors
     budget = strategy.max_gaussians
     if len(points) == 0:
-        draw = RANDOM_INIT[config.random_init]
+        draw = RANDOM_INIT[random_init_rule(store, train_ids, config)]
         points, colors = draw([scene.views[i].camera for i in train_ids],
                               min(RANDOM_INIT_POINTS, budget or math.inf), config.seed)
     elif config.max_gaussians is not None and len(points) > config.max_gaussians:
@@ -97,7 +109,7 @@ class Trainer:
         self.background = torch.ones(3) if white else torch.zeros(3)
         self.strategy = make_strategy(config, self.extent)
         self.engine = engine or make_engine(
-            initial_model(scene, self.train_ids, config, self.strategy),
+            initial_model(scene, store, self.train_ids, config, self.strategy),
             config.batch_size, self.background, config.ssim_weight)
         self.images_seen = 0
         self.steps = 0

@@ -1,4 +1,4 @@
-"""What ``prepare`` reads: a folder of photos, a video, or a folder of videos."""
+"""Photos and videos as `prepare` reads them: a folder of photos, a video, or a folder of videos."""
 
 from __future__ import annotations
 
