@@ -93,6 +93,9 @@ def _unset(name: str, world: int | None) -> str:
             "them; or train with --nproc N on one machine)")
 
 
+CONNECT_ATTEMPT = 1.0  # seconds one connection attempt to rank 0's store may block
+
+
 def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT) -> None:
     """Meet every rank at MASTER_ADDR:MASTER_PORT within ``timeout`` seconds, then form
     the group; a rank that does not arrive is reported as a count, not a traceback."""
@@ -118,18 +121,27 @@ def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT) -> None:
 
 
 def _store(ranks: Ranks, timeout: float) -> dist.Store:
-    """The rendezvous store: hosted by rank 0, unless torchrun's agent hosts it."""
+    """The rendezvous store: hosted by rank 0, unless torchrun's agent hosts it. A rank
+    that connects tries for a second at a time, so that a stop signal (handled only
+    between Python calls) ends its wait at once, not after ``timeout``."""
     hosts = ranks.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
-    try:
-        store = dist.TCPStore(ranks.address, ranks.port, ranks.world, is_master=hosts,
-                              timeout=timedelta(seconds=timeout), wait_for_workers=False)
-    except RuntimeError as error:  # torch's DistNetworkError and DistStoreError
-        if hosts:
-            raise SplatscaleError(f"MASTER_ADDR:MASTER_PORT={ranks.address}:{ranks.port}: "
-                                  f"rank 0 cannot listen there ({_first_line(error)})") from None
-        raise UnreachableError(f"rank 0 at MASTER_ADDR:MASTER_PORT={ranks.address}:"
-                               f"{ranks.port} did not answer within {timeout:g} s; check that "
-                               "it was started and that this machine can reach it") from None
+    deadline = time.monotonic() + timeout
+    while True:
+        attempt = timeout if hosts else max(0.1, min(CONNECT_ATTEMPT, deadline - time.monotonic()))
+        try:
+            store = dist.TCPStore(ranks.address, ranks.port, ranks.world, is_master=hosts,
+                                  timeout=timedelta(seconds=attempt), wait_for_workers=False)
+            break
+        except RuntimeError as error:  # torch's DistNetworkError and DistStoreError
+            if hosts:
+                raise SplatscaleError(f"MASTER_ADDR:MASTER_PORT={ranks.address}:{ranks.port}: "
+                                      f"rank 0 cannot listen there ({_first_line(error)})") from None
+            if time.monotonic() >= deadline:
+                raise UnreachableError(f"rank 0 at MASTER_ADDR:MASTER_PORT={ranks.address}:"
+                                       f"{ranks.port} did not answer within {timeout:g} s; check "
+                                       "that it was started and that this machine can reach "
+                                       "it") from None
+    store.set_timeout(timedelta(seconds=timeout))
     # A store torchrun keeps across restarts of the ranks: each attempt counts afresh.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"splatscale/{attempt}/", store)
