@@ -215,12 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
             # Until training takes them over, both stop quietly.
             signal.signal(signum, interrupt)
-    code = run_reported(lambda: _run(args))
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        # Finished and reported: a stop signal that arrives now (a launcher's forwarded
-        # one, late) must not turn the status said into another.
-        signal.signal(signum, signal.SIG_IGN)
-    return code
+    return run_reported(lambda: _run(args))
 
 
 def _run(args: argparse.Namespace) -> int:
