@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import torch
 import torch.nn.functional as F
@@ -102,3 +103,15 @@ class GaussianModel:
         return GaussianModel(**{n: t.detach().clone() for n, t in self.parameters().items()},
                              sh_degree=self.sh_degree, keys=self.keys.clone())
 
+
+
+def concatenated(parts: Iterable[GaussianModel], sh_degree: int) -> GaussianModel:
+    """One model, copied, of consecutive ``parts`` (as ``Engine.model_parts`` yields them),
+    at ``sh_degree``."""
+    parts = [part.detach() for part in parts]
+    if not parts:
+        raise ValueError("concatenated: no parts")
+    joined = {name: torch.cat([getattr(p, name) for p in parts])
+              for name in GaussianModel.PARAMETERS}
+    return GaussianModel(**joined, sh_degree=sh_degree,
+                         keys=torch.cat([p.keys for p in parts]))

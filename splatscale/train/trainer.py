@@ -25,6 +25,7 @@ from splatscale.errors import DataError, Interrupted, TrainingDiverged
 from splatscale.messages import notice
 from splatscale.threads import threading_layer
 from splatscale.model import GaussianModel, init_from_points
+from splatscale.model.gaussians import concatenated
 from splatscale.model.init import (plain_background, random_points_in_cube,
                                    random_points_in_view)
 from splatscale.model.ply import write_ply_parts
@@ -33,10 +34,12 @@ from splatscale.train.checkpoint import load_checkpoint, save_checkpoint
 from splatscale.train.config import TrainConfig
 from splatscale.train.schedule import crosses, position_lr
 from splatscale.train.strategy import Strategy, make_strategy
+from splatscale.train.watch import Watcher
 
 RANDOM_INIT_POINTS = 100_000
 RANDOM_INIT = {"cameras": random_points_in_view, "cube": random_points_in_cube}
 RANDOM_INIT_SAMPLE = 8  # training images whose borders decide the "auto" rule
+PAUSE_POLL = 0.1  # seconds between the ranks' checks that a pause goes on
 
 
 @dataclass
@@ -98,7 +101,7 @@ class Trainer:
             raise DataError(f"--batch-size {config.batch_size}: {scene.source} has "
                             f"{len(self.train_ids)} training views, and a batch holds "
                             "distinct views")
-        trained = math.ceil(config.iterations / config.batch_size) * config.batch_size
+        trained = self._total_images()
         if trained != config.iterations:
             notice(f"--iterations {config.iterations} is not a multiple of --batch-size "
                    f"{config.batch_size}: the run trains on {trained} images")
@@ -163,8 +166,10 @@ class Trainer:
 
     # -- the run --------------------------------------------------------------------
 
-    def run(self) -> dict:
-        """Train to the configured number of images, then write the final outputs.
+    def run(self, watcher: Watcher | None = None) -> dict:
+        """Train to the configured number of images, then write the final outputs;
+        ``watcher`` is told of each step and may ask for the model, a checkpoint or a
+        pause between two (``serve_watcher``).
 
         Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and raises
         Interrupted.
@@ -175,6 +180,8 @@ class Trainer:
                    unit="step", dynamic_ncols=True)
         log_path = o.output / "metrics.jsonl"
         with _stop_after_step() as interrupted:
+            if watcher is not None:
+                self._show_model(watcher)
             while self.steps < total_steps:
                 before = self.images_seen
                 start = time.perf_counter()
@@ -190,13 +197,53 @@ class Trainer:
                     entry.pop("diagnostics")  # the engine's own, for benchmarks
                     self._write(_append_jsonl, log_path, entry)
                 self._periodic(before, log_path)
+                if watcher is not None:
+                    self.train_seconds += self.serve_watcher(watcher, entry, interrupted)
                 if self.engine.any_rank(interrupted()):
                     bar.close()
                     self.save_checkpoint()
                     raise Interrupted(f"interrupted after image {self.images_seen}; "
                                       f"{self.checkpoint_path} saved, --resume continues")
         bar.close()
-        return self.finish()
+        report = self.finish()
+        if watcher is not None:
+            watcher.finished(self.images_seen)
+        return report
+
+    def serve_watcher(self, watcher: Watcher, entry: dict,
+                      interrupted: Callable[[], bool]) -> float:
+        """Between two steps: tell ``watcher`` of the step's ``entry``, then give it
+        the model, a checkpoint or a pause as asked (agreed by every rank; a pause
+        ends when it is lifted or a stop signal arrives). The seconds this took,
+        the pause excluded."""
+        engine, start, paused = self.engine, time.perf_counter(), 0.0
+        watcher.after_step(entry, self._total_images())
+        if engine.any_rank(watcher.model_due()):
+            self._show_model(watcher)
+        while True:
+            if engine.any_rank(watcher.checkpoint_requested()):
+                self.save_checkpoint()
+                watcher.checkpoint_saved(self.images_seen)
+            if not engine.any_rank(watcher.paused()) or engine.any_rank(interrupted()):
+                break
+            held_from = time.perf_counter()
+            watcher.wait(PAUSE_POLL)
+            paused += time.perf_counter() - held_from
+        watcher.serve()
+        return time.perf_counter() - start - paused
+
+    def _total_images(self) -> int:
+        return math.ceil(self.config.iterations / self.config.batch_size) * self.config.batch_size
+
+    def _show_model(self, watcher: Watcher) -> None:
+        """The current model to ``watcher``, gathered part by part on the writing rank."""
+        parts = self.engine.model_parts()
+        if self.options.writes:
+            watcher.show_model(concatenated(parts, self.sh_degree))
+        else:
+            for _ in parts:  # a rank's own part goes to the writer as this runs
+                pass
+            watcher.show_model(None)
 
     def _periodic(self, before: int, log_path: Path) -> None:
         o, after = self.options, self.images_seen
