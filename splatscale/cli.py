@@ -1,4 +1,4 @@
-"""splatscale train | prepare | render | eval | export."""
+"""splatscale train | prepare | render | eval | export | view."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ a batch of B views makes N/B steps, so changing B keeps the training budget
 PREPARE_HELP = """Make a trainable COLMAP scene (images/, sparse/0/) of photos or a video:
 images made upright, SIFT features, matching and mapping with pycolmap, the
 largest model kept. Run again, it goes on from the features and matches found."""
+VIEW_HELP = """Serve a page that draws a model's splats in the browser, with its scene's
+cameras: click one to look through it and compare its photo with an exact
+render of the model there (with its PSNR); render any view exactly as a still.
+Runs until Ctrl-C."""
 CAMERA_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV")
 
 
@@ -64,6 +68,14 @@ def _positive_float(text: str) -> float:
     if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text}")
     return value
+
+
+def _add_serving(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=_integer(1, 65535), default=8080,
+                        help="the viewer's port (default 8080)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="the address the viewer listens on (default 127.0.0.1: this "
+                             "machine only; 0.0.0.0 shares it with the network)")
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -154,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "measured times as the run goes")
     train.add_argument("--intersection-cost", type=_positive_float, default=None,
                        help="B, as --pixel-cost says (default 1 when only A is given)")
+    train.add_argument("--viewer", action="store_true",
+                       help="watch and steer the run in a web browser: its splats, "
+                            "progress, pause, resume and checkpoint now (see --port)")
+    _add_serving(train)
     _add_common(train)
 
     render = sub.add_parser("render", help="render a model's views to PNG")
@@ -196,6 +212,17 @@ def build_parser() -> argparse.ArgumentParser:
                          help="start afresh in OUTPUT (default: go on from what is there)")
     prepare.add_argument("--verbose", action="store_true", help="pycolmap's own log too")
     prepare.add_argument("--quiet", action="store_true", help="no progress bars")
+
+    view = sub.add_parser("view", help="look at a model in a web browser",
+                          description=VIEW_HELP)
+    view.add_argument("model", type=Path, help="a PLY model, or a run folder (its "
+                      "point_cloud.ply, with its scene's cameras and photos)")
+    view.add_argument("--data", default=None,
+                      help="the scene whose cameras and photos to show (default: a run "
+                           "folder's own; none for a PLY)")
+    _add_serving(view)
+    _add_common(view)
+    view.set_defaults(resolution=None)  # a run folder's own, else 1
 
     export = sub.add_parser("export", help="convert a model")
     export.add_argument("model", type=Path)

@@ -34,6 +34,10 @@ from splatscale.train.config import TrainConfig
 from splatscale.train.metrics import ImageMetrics
 from splatscale.train.run_folder import RunFolder
 from splatscale.train.trainer import EngineFactory, RunOptions, Trainer
+from splatscale.train.watch import Bystander, Watcher
+from splatscale.viewer.app import live_run, served, view as show_model, viewed_model
+from splatscale.viewer.page import Scenery
+from splatscale.viewer.server import check_port
 
 
 def _scene(args: Namespace):
@@ -131,6 +135,8 @@ def _launch(args: Namespace) -> int:
     with RunFolder(args.output).lock():
         with muted():  # bad input is reported once, before ranks start; notices by rank 0
             _checked_inputs(args).store.check(decode=False)
+            if args.viewer:
+                check_port(args.host, args.port)
         return launch.spawn(args.argv, args.nproc)
 
 
@@ -156,17 +162,20 @@ def _train(args: Namespace, ranks: group.Ranks | None, holds_lock: bool = False)
             resources.callback(group.leave)
             group.join(ranks, args.join_timeout)
 
-        def prepare() -> tuple[Trainer, dict]:
+        def prepare() -> tuple[Trainer, dict, Watcher | None]:
             if writes and not holds_lock:
                 resources.enter_context(RunFolder(args.output).lock())
-            return _prepared(args, ranks, writes)
+            server = (resources.enter_context(served(args.host, args.port))
+                      if writes and args.viewer else None)
+            trainer, record = _prepared(args, ranks, writes)
+            return trainer, record, _watcher(args, trainer, server)
 
         with held():
-            trainer, record = group.agreed(prepare, ranks)
+            trainer, record, watcher = group.agreed(prepare, ranks)
         if writes:
             RunFolder(args.output).begin(trainer.images_seen if args.resume else None)
             write_json(args.output / "config.json", record)
-        report = trainer.run()
+        report = trainer.run(watcher)
     if writes:
         print(json.dumps(report))
 
@@ -185,10 +194,22 @@ def _prepared(args: Namespace, ranks: group.Ranks | None,
                       make_engine=make_engine)
     if args.resume:
         trainer.resume(inputs.folder.checkpoint)
-    record = {**inputs.config.to_dict(), "data": str(inputs.scene.source), "eval": args.eval,
+    demo = args.data is None  # its images are made again where they are wanted
+    record = {**inputs.config.to_dict(), "data": None if demo else str(inputs.scene.source),
+              "eval": args.eval,
               "resolution": args.resolution, "max_width": args.max_width,
               "world_size": ranks.world if ranks else 1}
     return trainer, record
+
+
+def _watcher(args: Namespace, trainer: Trainer, server) -> Watcher | None:
+    """With --viewer, the page on the serving rank (``server``), a bystander elsewhere."""
+    if not args.viewer:
+        return None
+    if server is None:
+        return Bystander()
+    scenery = Scenery(trainer.store, trainer.train_ids, trainer.test_ids)
+    return live_run(server, scenery, trainer.background, f"training {args.output}")
 
 
 def _fixed_cost(args: Namespace) -> RowCost | None:
@@ -273,6 +294,29 @@ def export(args: Namespace) -> None:
     print(f"wrote {output}")
 
 
+def view(args: Namespace) -> None:
+    model_file, record = viewed_model(args.model)
+    model = read_ply(model_file)
+    scenery, background = None, torch.zeros(3)
+    if args.data is not None or record is not None:
+        scenery, background = _run_scenery(args, record or {})
+    with served(args.host, args.port) as server:
+        show_model(server, model, scenery, background.to(model.means.dtype), str(args.model))
+
+
+def _run_scenery(args: Namespace, record: dict) -> tuple[Scenery, torch.Tensor]:
+    """The scene of a run (its config.json's ``record``), as it trained, unless the
+    flags name another."""
+    if args.data is None:
+        args.data = record.get("data")
+    args.resolution = args.resolution or record.get("resolution") or 1
+    args.max_width = args.max_width or record.get("max_width")
+    scene = _scene(args)
+    store = _store(args, scene, bool(record.get("white_background")))
+    train_ids, test_ids = scene.split(bool(record.get("eval")))
+    return Scenery(store, train_ids, test_ids), torch.tensor(store.background)
+
+
 def prepare(args: Namespace) -> None:
     from splatscale.prepare.pipeline import Request, prepare as prepare_scene
     from splatscale.prepare.sfm import SfmSettings
@@ -284,4 +328,4 @@ def prepare(args: Namespace) -> None:
 
 
 COMMANDS = {"train": train, "prepare": prepare, "render": render, "eval": evaluate,
-            "export": export}
+            "export": export, "view": view}

@@ -16,6 +16,7 @@ LAYERS = [
     {"step"},
     {"engine"},
     {"train", "demo", "prepare"},
+    {"viewer"},
     {"commands"},
     {"cli", "__main__"},
 ]
