@@ -226,7 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="convert a model")
     export.add_argument("model", type=Path)
-    export.add_argument("--format", choices=("ply", "splat"), required=True)
+    export.add_argument("--format", choices=("ply", "splat", "spz"), required=True,
+                        help="ply (INRIA's layout), splat (antimatter15's) or spz (Niantic's "
+                             "compressed format, about a tenth of the PLY)")
     export.add_argument("-o", "--output", type=Path, default=None)
     return parser
 
@@ -250,6 +252,9 @@ def _run(args: argparse.Namespace) -> int:
     # Imported here, inside main's handlers: Ctrl-C while torch loads is a clean exit too.
     from splatscale import commands
     from splatscale.threads import use_threads
+
+    # pycolmap (glog) takes SIGTERM as it loads, to dump a stack and abort; give it back.
+    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGTERM))
 
     if getattr(args, "threads", None):
         use_threads(args.threads)

@@ -3,7 +3,11 @@ and that watching a run (its model gathered, checkpoints, pauses) changes nothin
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
+import sys
+import urllib.request
 from functools import partial
 from pathlib import Path
 
@@ -191,3 +195,23 @@ def test_a_watched_distributed_run_ends_as_an_unwatched_one(demo, tmp_path):
                                      str(out), watch), nprocs=2)
         runs[watch] = (out / "point_cloud.ply").read_bytes()
     assert runs[True] == runs[False]
+
+
+def test_view_serves_until_a_stop_signal(tmp_path):
+    from splatscale.model.ply import write_ply
+
+    ply = tmp_path / "model.ply"
+    write_ply(random_model(10, dtype=torch.float32), ply)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for stop in (signal.SIGTERM, signal.SIGINT):
+        process = subprocess.Popen([sys.executable, "-m", "splatscale", "view", str(ply),
+                                    "--port", str(port)], stderr=subprocess.PIPE, text=True)
+        said = process.stderr.readline()
+        assert f"at http://localhost:{port}" in said, said
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/") as page:
+            assert page.status == 200
+        process.send_signal(stop)
+        assert process.wait(timeout=30) == 0
+        assert process.stderr.read() == ""
