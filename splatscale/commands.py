@@ -28,6 +28,7 @@ from splatscale.messages import held, muted, notice
 from splatscale.threads import use_threads
 from splatscale.model.gaussians import GaussianModel
 from splatscale.model.ply import read_extras, read_ply, write_ply, write_splat
+from splatscale.model.spz import write_spz
 from splatscale.render import cuda_backend, render as render_view
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
@@ -287,10 +288,10 @@ def export(args: Namespace) -> None:
     if args.format == "ply":
         write_ply(model, output, extras)
     else:
-        write_splat(model, output)
+        (write_splat if args.format == "splat" else write_spz)(model, output)
         if extras.dtype.names:
-            notice(f"{output}: the .splat format has no place for {args.model}'s extra "
-                   f"properties, dropped: {', '.join(extras.dtype.names)}")
+            notice(f"{output}: the .{args.format} format has no place for {args.model}'s "
+                   f"extra properties, dropped: {', '.join(extras.dtype.names)}")
     print(f"wrote {output}")
 
 

@@ -1,0 +1,45 @@
+"""Models as Niantic's .spz files (compressed splats that web viewers read), packed by
+gsply's writer.
+
+An .spz file holds its splats in RUB axes (x right, y up, z back: OpenGL's and
+three.js's), where ours (and a PLY's) are RDF (OpenCV's: y down, z forward). The
+two differ by a half turn about x, (x, y, z) -> (x, -y, -z), which we apply
+before packing: centres and quaternions' y and z change sign, and each
+spherical-harmonic coefficient changes sign with the parity of its basis
+function in y and z.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from splatscale.atomic import atomic_path
+from splatscale.model.gaussians import GaussianModel
+
+SPZ_VERSION = 3  # gzip container, read by every .spz reader
+# The sign each SH coefficient of degree 1..3 takes under (x, y, z) -> (x, -y, -z),
+# in gsplat's order (tests/test_spz.py derives it from the basis functions).
+HALF_TURN_SH_SIGNS = np.array([-1, -1, 1,
+                               -1, 1, 1, -1, 1,
+                               -1, 1, -1, -1, 1, -1, 1], dtype=np.float32)
+
+
+def write_spz(model: GaussianModel, path: str | Path) -> None:
+    """``model`` as an .spz file at ``path`` (at the SH degree it uses), written atomically."""
+    from gsply import GSData
+    from gsply.spz import write_spz as pack
+
+    p = {name: t.detach().cpu().float().numpy() for name, t in model.parameters().items()}
+    rest = (model.sh_degree + 1) ** 2 - 1
+    flip = np.array([1.0, -1.0, -1.0], dtype=np.float32)
+    quats = p["quats"] / np.linalg.norm(p["quats"], axis=1, keepdims=True)
+    data = GSData(means=np.ascontiguousarray(p["means"] * flip),
+                  scales=p["log_scales"],
+                  quats=np.ascontiguousarray(quats * np.concatenate([[1.0], flip]).astype(np.float32)),
+                  opacities=p["opacity_logits"],
+                  sh0=np.ascontiguousarray(p["sh0"][:, 0]),
+                  shN=np.ascontiguousarray(p["shN"][:, :rest] * HALF_TURN_SH_SIGNS[:rest, None]))
+    with atomic_path(path) as tmp:
+        pack(tmp, data, version=SPZ_VERSION)
