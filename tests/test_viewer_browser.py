@@ -157,6 +157,10 @@ def test_view_shows_the_model_and_compares_a_camera(demo_run, browser_page, arti
     with splatscale("view", str(out), "--port", str(port), "--cache-dir", str(cache),
                     ready="viewing"):
         page = browser_page
+        elsewhere = []
+        page.on("request", lambda request: elsewhere.append(request.url)
+                if not request.url.startswith((f"http://127.0.0.1:{port}/", "data:", "blob:"))
+                else None)
         page.goto(f"http://127.0.0.1:{port}")
         page.get_by_text("Click a camera").wait_for(timeout=60_000)
         time.sleep(3)  # the splats are drawn
@@ -176,6 +180,7 @@ def test_view_shows_the_model_and_compares_a_camera(demo_run, browser_page, arti
 
         page.get_by_role("button", name="Render this view (exact)").click()
         page.get_by_text("exact render, ").wait_for(timeout=30_000)
+    assert not elsewhere, f"the page loaded from elsewhere: {elsewhere}"
 
 
 def progress(page) -> tuple[int, int, str]:
