@@ -5,6 +5,13 @@ Default: tests/data/snowmiku at 495x371 (``--resolution 2``: half) with every
 images, for batch sizes 1 and 4. Rates count training time only (evaluation
 excluded).
 
+``--viewer`` trains each batch size twice, without and then with the live
+viewer's page (``train --viewer``) watched by a client that says where its
+camera is and reads everything it is sent, as a browser does, without drawing
+it (a browser on the same cores would measure its drawing, not the viewer);
+the rates with the viewer count its work between steps, ``splats_sent`` says
+how often the model was sent, and ``viewer`` holds the ratios.
+
 ``--baseline DIR`` (a checkout of an earlier splatscale, e.g. a ``git
 worktree``) first runs the same measurement with that code, in a subprocess,
 then this one, never both at once, and prints a before/after table on stderr;
@@ -20,30 +27,78 @@ import resource
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from splatscale.data import load_scene
 from splatscale.data.images import ImageStore
 from splatscale.train.config import TrainConfig
 from splatscale.train.trainer import RunOptions, Trainer
+from splatscale.viewer.live import LiveRun
 
 from report import emit
 
+WARM_UP = 100  # images
 DEFAULT_SCENE = Path(__file__).resolve().parents[1] / "tests" / "data" / "snowmiku"
 
 
-def run(scene, batch_size: int, marks: list[int], resolution: int, seed: int) -> dict:
+@contextmanager
+def watched(trainer: Trainer) -> Iterator[LiveRun]:
+    """The live viewer's page of ``trainer``'s run, a client reading it."""
+    import viser
+    from websockets.sync.client import connect
+
+    from splatscale.viewer.app import live_run, served
+    from splatscale.viewer.page import Scenery
+
+    with served("127.0.0.1", 0) as server:
+        scenery = Scenery(trainer.store, trainer.train_ids, trainer.test_ids)
+        live = live_run(server, scenery, trainer.background, "bench")
+        with connect(f"ws://127.0.0.1:{server.get_port()}", max_size=None,
+                     subprotocols=[f"viser-v{viser.__version__}"]) as client:
+            client.send(_camera_message())  # viser counts a client from its first camera
+            threading.Thread(target=_read_all, args=(client,), daemon=True).start()
+            yield live
+
+
+def _camera_message() -> bytes:
+    """What a browser sends first: where its camera is (viser's wire format)."""
+    import msgspec
+    from viser._messages import ViewerCameraMessage
+
+    camera = ViewerCameraMessage(wxyz=(1.0, 0.0, 0.0, 0.0), position=(0.0, 0.0, -3.0),
+                                 fov=1.0, near=0.01, far=1000.0, image_height=800,
+                                 image_width=1280, look_at=(0.0, 0.0, 0.0),
+                                 up_direction=(0.0, -1.0, 0.0))
+    return msgspec.msgpack.encode(camera.as_serializable_dict())
+
+
+def _read_all(client) -> None:
+    try:
+        for _ in client:
+            pass
+    except Exception:  # noqa: BLE001 - the page closing ends the reading
+        return
+
+
+def run(scene, batch_size: int, marks: list[int], resolution: int, seed: int,
+        viewer: bool = False) -> dict:
     store = ImageStore(scene, resolution=resolution, background=scene.background)
     config = TrainConfig(iterations=marks[-1], batch_size=batch_size, seed=seed)
-    with tempfile.TemporaryDirectory() as out:
+    with tempfile.TemporaryDirectory() as out, ExitStack() as stack:
         trainer = Trainer(scene, store, config, RunOptions(Path(out), eval_split=True,
                                                            progress=False, checkpoint_every=0))
+        live = stack.enter_context(watched(trainer)) if viewer else None
         result, seconds, start_gaussians = {"batch_size": batch_size}, 0.0, trainer.engine.num_gaussians()
         for mark in marks:
             start = time.perf_counter()
             while trainer.images_seen < mark:
-                trainer.train_step()
+                entry = trainer.train_step()
+                if live is not None:
+                    trainer.serve_watcher(live, entry, lambda: False)
             seconds += time.perf_counter() - start
             test = trainer.evaluate()
             print(f"batch {batch_size}: {mark} images, {seconds:.0f} s, test PSNR {test['psnr']:.2f}",
@@ -54,18 +109,29 @@ def run(scene, batch_size: int, marks: list[int], resolution: int, seed: int) ->
                 "steps_per_second": round(trainer.steps / seconds, 3),
                 "num_gaussians": trainer.engine.num_gaussians(),
             }
+            if live is not None:
+                result[str(mark)]["splats_sent"] = live.splats_sent
         result["initial_gaussians"] = start_gaussians
     return result
 
 
 def measure(args) -> dict:
     scene = load_scene(args.scene)
+    if args.viewer:  # neither side of the ratio pays for the first run's loading and warming
+        run(scene, args.batch_sizes[0], [WARM_UP], args.resolution, args.seed)
     runs = [run(scene, b, sorted(args.marks), args.resolution, args.seed)
             for b in args.batch_sizes]
-    return {"scene": args.scene, "resolution": args.resolution, "seed": args.seed,
-            "views": len(scene.views),
-            "runs": runs,
-            "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    result = {"scene": args.scene, "resolution": args.resolution, "seed": args.seed,
+              "views": len(scene.views), "runs": runs}
+    if args.viewer:
+        result["watched_runs"] = [run(scene, b, sorted(args.marks), args.resolution, args.seed,
+                                      viewer=True) for b in args.batch_sizes]
+        result["viewer"] = {
+            f"batch_{new['batch_size']}_{mark}": round(new[mark]["iterations_per_second"]
+                                                       / old[mark]["iterations_per_second"], 3)
+            for old, new in zip(runs, result["watched_runs"]) for mark in new if mark.isdigit()}
+    result["peak_memory_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return result
 
 
 def baseline_measure(args) -> dict:
@@ -101,6 +167,8 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=1, help="downscale factor")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--baseline", type=Path, help="a checkout to compare against")
+    parser.add_argument("--viewer", action="store_true",
+                        help="also train with the live viewer, and give the speed ratios")
     args = parser.parse_args()
     if args.baseline is None:
         emit(measure(args))

@@ -48,6 +48,7 @@ class LiveRun:
         self._checkpoint_asked = False
         self._panel_at = self._plot_at = -math.inf
         self._model_at, self._model_cost, self._asked_at = -math.inf, 0.0, 0.0
+        self.splats_sent = 0  # models drawn in the browsers
         self._build()
         page.server.on_client_connect(self._new_browser)
 
@@ -73,6 +74,7 @@ class LiveRun:
 
     def show_model(self, model: GaussianModel | None) -> None:
         self.page.show_model(model)
+        self.splats_sent += 1
         self._model_at = time.monotonic()
         self._model_cost = self._model_at - self._asked_at
 
