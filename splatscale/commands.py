@@ -196,7 +196,8 @@ def _prepared(args: Namespace, ranks: group.Ranks | None,
     if args.resume:
         trainer.resume(inputs.folder.checkpoint)
     demo = args.data is None  # its images are made again where they are wanted
-    record = {**inputs.config.to_dict(), "data": None if demo else str(inputs.scene.source),
+    record = {**inputs.config.to_dict(),
+              "data": None if demo else str(inputs.scene.source.resolve()),
               "eval": args.eval,
               "resolution": args.resolution, "max_width": args.max_width,
               "world_size": ranks.world if ranks else 1}
@@ -308,8 +309,11 @@ def view(args: Namespace) -> None:
 def _run_scenery(args: Namespace, record: dict) -> tuple[Scenery, torch.Tensor]:
     """The scene of a run (its config.json's ``record``), as it trained, unless the
     flags name another."""
-    if args.data is None:
-        args.data = record.get("data")
+    if args.data is None and record.get("data") is not None:
+        args.data = record["data"]
+        if not Path(args.data).exists():
+            raise SplatscaleError(f"{args.model}: its run's scene {args.data} is not there any "
+                                  "more; name it with --data")
     args.resolution = args.resolution or record.get("resolution") or 1
     args.max_width = args.max_width or record.get("max_width")
     scene = _scene(args)

@@ -100,10 +100,20 @@ def test_a_port_in_use_is_refused_in_one_line(tmp_path, capfd):
     assert len(err) == 2 and all(f"--port {port}: already in use" in line for line in err), err
 
 
-def test_view_refuses_a_folder_without_a_model(tmp_path, capfd):
+def test_view_refuses_a_folder_without_a_model_or_its_scene(tmp_path, capfd):
+    from splatscale.model.ply import write_ply
+
+    assert main(["view", str(tmp_path)]) == 2
+    write_ply(random_model(10, dtype=torch.float32), tmp_path / "point_cloud.ply")
+    (tmp_path / "config.json").write_text('{"data": "%s"}' % (tmp_path / "gone"))
+    assert main(["view", str(tmp_path)]) == 2
+    (tmp_path / "config.json").write_text("{not json")
     assert main(["view", str(tmp_path)]) == 2
     err = capfd.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "without point_cloud.ply" in err[0], err
+    assert len(err) == 3, err
+    assert "without point_cloud.ply" in err[0]
+    assert f"its run's scene {tmp_path / 'gone'} is not there" in err[1]
+    assert "config.json: not a run's config.json" in err[2]
 
 
 class ScriptedWatcher:
