@@ -59,6 +59,22 @@ def _folder(text: str) -> Path:
     return Path(os.path.normpath(text))
 
 
+SIZE_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
+
+
+def _size(text: str) -> int:
+    """An argparse type: bytes, as N, NK, NM, NG or NT (powers of 1024)."""
+    number = text.strip().upper().removesuffix("B")
+    unit = number[-1:] if number[-1:].isalpha() else ""
+    try:
+        value = float(number.removesuffix(unit)) * SIZE_UNITS[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (say 8G or 500M)") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a size of 0 or more, got {text}")
+    return int(value)
+
+
 def _positive_float(text: str) -> float:
     """An argparse type: a finite number above zero."""
     try:
@@ -88,6 +104,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="divide image sizes by this")
     parser.add_argument("--max-width", type=_integer(16), default=None,
                         help="cap the image width (pixels, at least 16)")
+    parser.add_argument("--image-memory", type=_size, default=None, metavar="SIZE",
+                        help="decoded images kept in memory, e.g. 8G or 500M (default: a "
+                             "quarter of this machine's memory); the others are read from "
+                             "raw copies in the cache folder as they are used")
     parser.add_argument("--skip-missing-images", action="store_true",
                         help="use the views whose images are present when the scene lists "
                              "some that are absent (default: refuse, naming them)")

@@ -14,6 +14,7 @@ import torch
 from splatscale.atomic import write_json
 from splatscale.data import load_scene
 from splatscale.demo import demo_scene
+from splatscale.data.image_memory import default_budget
 from splatscale.data.images import ImageStore, write_png
 from splatscale.data.scene import Scene
 from splatscale.engine.distributed import distributed_engine, group, shard_of
@@ -49,8 +50,18 @@ def _scene(args: Namespace):
 
 
 def _store(args: Namespace, scene, white_background: bool = False) -> ImageStore:
+    """The scene's images, as many kept in memory as --image-memory allows (saying so
+    when that is not all of them)."""
     background = (1.0, 1.0, 1.0) if white_background else scene.background
-    return ImageStore(scene, args.resolution, args.max_width, args.cache_dir, background)
+    budget = default_budget() if args.image_memory is None else args.image_memory
+    store = ImageStore(scene, args.resolution, args.max_width, args.cache_dir, background,
+                       memory_budget=budget)
+    decoded = store.decoded_bytes()
+    if decoded > budget:
+        notice(f"the images take {decoded / 2 ** 30:.1f} GiB decoded, more than --image-memory "
+               f"({budget / 2 ** 30:.1f} GiB): the rest are read from raw copies in "
+               f"{store.cache_dir}")
+    return store
 
 
 def _check_flags(args: Namespace) -> None:

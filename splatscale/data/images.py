@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from splatscale.atomic import atomic_path
 from splatscale.data.cameras import Camera
+from splatscale.data.image_memory import ImageMemory
 from splatscale.data.scene import Scene, View
 from splatscale.data.undistort import undistort_image
 from splatscale.errors import DataError
@@ -83,19 +84,19 @@ class ImageStore:
 
     ``resolution`` divides every image size (1, 2, 4, 8); ``max_width`` instead
     caps the width. Undistorted and downscaled copies are written once under
-    ``cache_dir`` and read from there afterwards; decoded images stay in memory
-    as uint8 (``keep_in_memory``).
+    ``cache_dir`` and read from there afterwards. Decoded images stay in memory as
+    uint8 up to ``memory_budget`` bytes (None: all of them); the others are kept
+    as raw files under ``cache_dir`` (``image_memory.py``).
     """
 
     def __init__(self, scene: Scene, resolution: int = 1, max_width: int | None = None,
                  cache_dir: Path | None = None, background=(0.0, 0.0, 0.0),
-                 keep_in_memory: bool = True) -> None:
+                 memory_budget: int | None = None) -> None:
         if resolution not in (1, 2, 4, 8):
             raise ValueError(f"resolution must be 1, 2, 4 or 8, got {resolution}")
         self.scene = scene
         self.background = tuple(float(c) for c in background)
-        self.keep_in_memory = keep_in_memory
-        self._memory: dict[int, torch.Tensor] = {}
+        self.memory = ImageMemory(memory_budget)
         self._cameras = [self._scaled(v.camera, resolution, max_width) for v in scene.views]
         key = hashlib.sha1(str(Path(scene.source).resolve()).encode()).hexdigest()[:16]
         self.cache_dir = (cache_dir or default_cache_dir()) / key
@@ -121,7 +122,8 @@ class ImageStore:
         fit its camera, or an image cache that cannot be written is reported before
         training writes anything. ``decode``: each image is decoded (undistorted, resized
         and cached) as training reads it; otherwise its header alone is read."""
-        if any(self._needs_work(i) for i in range(len(self))):
+        spills = self.memory.budget is not None and self.decoded_bytes() > self.memory.budget
+        if spills or any(self._needs_work(i) for i in range(len(self))):
             self._check_cache()
         # Shown only when slow, and cleared: a refused run's one line stands alone.
         with tqdm(total=len(self), desc="checking images", unit="image", leave=False,
@@ -168,14 +170,24 @@ class ImageStore:
 
     def image(self, index: int, rows: tuple[int, int] | None = None) -> torch.Tensor:
         """uint8 [h, W, 3] of view ``index``, or only its rows ``[y0, y1)``."""
-        image = self._memory.get(index)
-        if image is None:
-            image = torch.from_numpy(self._load(index))
-            if self.keep_in_memory:
-                self._memory[index] = image
+        image = self.memory.get(index, self._cache_path(index, "rgb"), self._shape(index),
+                                lambda: self._load(index))
         return image if rows is None else image[rows[0]:rows[1]]
 
-    def _cache_path(self, index: int) -> Path:
+    def read_ahead(self, indices: list[int]) -> None:
+        """Start reading the images of ``indices`` that are not in memory."""
+        self.memory.read_ahead([(i, self._cache_path(i, "rgb"), self._shape(i))
+                                for i in indices])
+
+    def decoded_bytes(self) -> int:
+        """Every image decoded, in bytes."""
+        return sum(int(np.prod(self._shape(i))) for i in range(len(self)))
+
+    def _shape(self, index: int) -> tuple[int, int, int]:
+        camera = self._cameras[index]
+        return camera.height, camera.width, 3
+
+    def _cache_path(self, index: int, kind: str = "png") -> Path:
         """Keyed by the source file's name, size and modification time, so an edited
         image is processed again rather than read stale from the cache."""
         camera, source = self._cameras[index], self.scene.views[index].image_path
@@ -183,7 +195,7 @@ class ImageStore:
         key = f"{camera.name}\0{stat.st_size}\0{stat.st_mtime_ns}"
         name = hashlib.sha1(key.encode()).hexdigest()[:16]
         bg = "".join(f"{round(c * 255):02x}" for c in self.background)
-        return self.cache_dir / f"{camera.width}x{camera.height}_{bg}" / f"{name}.png"
+        return self.cache_dir / f"{camera.width}x{camera.height}_{bg}" / f"{name}.{kind}"
 
     def _needs_work(self, index: int) -> bool:
         """Whether the image is undistorted or resized (and so cached) before use."""

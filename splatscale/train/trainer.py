@@ -149,6 +149,7 @@ class Trainer:
             engine.set_sh_degree(self.sh_degree)
         batch = [TrainView(self.store.camera(i), self.store.as_float(i))
                  for i in self._next_batch()]
+        self.store.read_ahead(self.queue[-c.batch_size:])  # the next batch, where queued
         strategy = self.strategy
         result = engine.forward_backward(batch, strategy.tracks_stats(after),
                                          strategy.regularisers)

@@ -1,0 +1,89 @@
+"""Decoded images within a memory budget.
+
+The first images decoded stay in memory until they fill the budget; each one
+after is written once as a raw uint8 file (its rows, as decoded) and read back
+whole when it is used, with no decoding, while the previous step computes
+(``read_ahead``).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from splatscale.atomic import atomic_path
+
+MEMORY_SHARE = 0.25  # of the machine's memory: the command line's default budget
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_budget() -> int:
+    return int(MEMORY_SHARE * machine_memory())
+
+
+class ImageMemory:
+    """Images by index, each made by ``decode()`` once. ``budget``: bytes kept in
+    memory (None: every image); the rest are raw files in the folders given."""
+
+    def __init__(self, budget: int | None) -> None:
+        self.budget = budget
+        self.kept: dict[int, torch.Tensor] = {}
+        self.kept_bytes = 0
+        self._ahead: dict[int, Future] = {}
+        self._reader: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    def get(self, index: int, raw: Path, shape: tuple[int, int, int],
+            decode: Callable[[], np.ndarray]) -> torch.Tensor:
+        """Image ``index``: kept, read ahead, read from ``raw``, or decoded (then kept
+        or written to ``raw``)."""
+        kept = self.kept.get(index)
+        if kept is not None:
+            return kept
+        with self._lock:
+            ahead = self._ahead.pop(index, None)
+        if ahead is not None:
+            return ahead.result()
+        if raw.is_file():
+            return _read(raw, shape)
+        image = decode()
+        if self.budget is None or self.kept_bytes + image.nbytes <= self.budget:
+            self.kept[index] = torch.from_numpy(image)
+            self.kept_bytes += image.nbytes
+            return self.kept[index]
+        _write(image, raw)
+        return torch.from_numpy(image)
+
+    def read_ahead(self, wanted: list[tuple[int, Path, tuple[int, int, int]]]) -> None:
+        """Start reading the raw files of the images ``wanted`` next (index, file, shape)
+        that are neither kept nor being read."""
+        for index, raw, shape in wanted:
+            if index in self.kept or not raw.is_file():
+                continue
+            with self._lock:
+                if index in self._ahead:
+                    continue
+                if self._reader is None:
+                    self._reader = ThreadPoolExecutor(1, thread_name_prefix="read-ahead")
+                self._ahead[index] = self._reader.submit(_read, raw, shape)
+
+
+def _read(path: Path, shape: tuple[int, int, int]) -> torch.Tensor:
+    """The raw file at ``path`` (whole: ``_write`` is atomic) as uint8 ``shape``."""
+    return torch.from_numpy(np.fromfile(path, dtype=np.uint8).reshape(shape))
+
+
+def _write(image: np.ndarray, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as tmp:
+        np.ascontiguousarray(image).tofile(tmp)

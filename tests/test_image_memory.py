@@ -1,0 +1,107 @@
+"""Images within a memory budget: the same pixels and the same training whatever the
+budget, raw copies read without decoding, and resident memory bounded by the budget
+however many views a scene has."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from splatscale.data.images import ImageStore
+from splatscale.demo import demo_scene
+from splatscale.train.config import TrainConfig
+from splatscale.train.trainer import RunOptions, Trainer
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    return demo_scene(tmp_path_factory.mktemp("cache"))
+
+
+def test_a_budget_changes_where_images_are_not_what_they_are(demo, tmp_path):
+    whole = ImageStore(demo, cache_dir=tmp_path / "a")
+    image_bytes = whole.decoded_bytes() // len(demo.views)
+    budget = 10 * image_bytes + image_bytes // 2
+    store = ImageStore(demo, cache_dir=tmp_path / "b", memory_budget=budget)
+    store.check(decode=True)
+    assert len(store.memory.kept) == 10 and store.memory.kept_bytes <= budget
+    raws = list(store.cache_dir.rglob("*.rgb"))
+    assert len(raws) == len(demo.views) - 10
+    store.read_ahead([20, 21])
+    for i in range(len(demo.views)):
+        assert torch.equal(store.image(i), whole.image(i)), i
+
+    again = ImageStore(demo, cache_dir=tmp_path / "b", memory_budget=0)
+
+    def no_decoding(index):
+        raise AssertionError(f"image {index} decoded again")
+
+    again._load = no_decoding  # every image has its raw copy now, or is kept
+    for i in range(10, len(demo.views)):
+        assert torch.equal(again.image(i, rows=(5, 9)), whole.image(i)[5:9])
+
+
+def test_training_reads_the_same_images_from_disk(demo, tmp_path):
+    models = []
+    for budget in (None, 0):
+        out = tmp_path / f"run-{budget}"
+        out.mkdir()
+        store = ImageStore(demo, cache_dir=tmp_path / f"cache-{budget}", memory_budget=budget,
+                           background=demo.background)
+        trainer = Trainer(demo, store, TrainConfig(iterations=30, batch_size=2),
+                          RunOptions(out, progress=False, checkpoint_every=0))
+        trainer.run()
+        models.append((out / "point_cloud.ply").read_bytes())
+    assert models[0] == models[1]
+
+
+# Reads every image of a scene of N views twice, in a fresh process; prints the growth
+# of its peak resident memory, in bytes.
+PEAK_GROWTH = """
+import json, resource, sys
+import numpy as np, torch
+from PIL import Image
+from splatscale.data.cameras import Camera
+from splatscale.data.images import ImageStore
+from splatscale.data.scene import Scene, View
+
+folder, views, budget = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+K = torch.tensor([[300.0, 0, 160], [0, 300.0, 120], [0, 0, 1]], dtype=torch.float64)
+scene = Scene([View(Camera.from_pose(torch.eye(3, dtype=torch.float64),
+                                     torch.tensor([0.0, 0.0, float(i)], dtype=torch.float64),
+                                     K, 320, 240, f"{i:05d}.png"), folder / f"{i:05d}.png")
+               for i in range(views)], np.zeros((0, 3)), np.zeros((0, 3), np.uint8), folder)
+store = ImageStore(scene, cache_dir=folder / "cache",
+                   memory_budget=None if budget == "none" else int(budget))
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+store.check(decode=True)
+total = 0
+for i in range(views):
+    store.read_ahead(list(range(i + 1, min(i + 3, views))))
+    total += int(store.image(i).sum())
+print(json.dumps({"growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before,
+                  "decoded": store.decoded_bytes()}))
+"""
+
+
+def test_resident_memory_stays_within_the_budget_with_thousands_of_views(tmp_path):
+    views, budget = 2000, 16 * 2 ** 20
+    rows = np.arange(240)[:, None, None]
+    for i in range(views):  # cheap to write and to decode, distinct
+        image = np.broadcast_to(((rows + i) % 256).astype(np.uint8), (240, 320, 3))
+        Image.fromarray(np.ascontiguousarray(image)).save(tmp_path / f"{i:05d}.png")
+    growth = {}
+    for setting in ("none", str(budget)):
+        done = subprocess.run([sys.executable, "-c", PEAK_GROWTH, str(tmp_path), str(views),
+                               setting], capture_output=True, text=True, check=True)
+        growth[setting] = json.loads(done.stdout)
+    decoded = growth["none"]["decoded"]
+    assert decoded == views * 320 * 240 * 3  # 461 MB
+    assert growth["none"]["growth"] > 0.6 * decoded
+    assert growth[str(budget)]["growth"] < budget + 40 * 2 ** 20, growth
