@@ -6,6 +6,7 @@ not the temporary's 0600.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import tempfile
@@ -16,26 +17,41 @@ from typing import Iterator
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; rename it over ``path`` on success."""
+    """Yield a temporary path beside ``path``; rename it over ``path`` on success. A
+    link is followed (the file it names is replaced); anything there that is not a
+    regular file (a folder, a device, a pipe) is refused. Errors name ``path``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    if path.is_symlink():
+        path = path.resolve()
+    if os.path.lexists(path) and not path.is_file():
+        raise OSError(errno.EEXIST, "not a regular file, so not replaced", str(path))
+    with _named(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~umask())
     finally:
         os.close(fd)
     try:
-        yield Path(tmp)
-        with open(tmp, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except OSError as error:
-        if error.filename is None:  # a write through a file object names no file
-            raise OSError(error.errno, error.strerror, str(path)) from None
-        raise
+        with _named(path, tmp):
+            yield Path(tmp)
+            with open(tmp, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+@contextmanager
+def _named(path: Path, tmp: str | None = None) -> Iterator[None]:
+    """OSErrors naming no file, or the temporary ``tmp``, re-raised naming ``path``."""
+    try:
+        yield
+    except OSError as error:
+        if error.filename is None or error.filename == tmp or tmp is None:
+            raise OSError(error.errno, error.strerror, str(path)) from None
+        raise
 
 
 def umask() -> int:

@@ -87,9 +87,9 @@ def _positive_float(text: str) -> float:
 
 
 def _add_serving(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--port", type=_integer(1, 65535), default=8080,
+    parser.add_argument("--port", type=_integer(1, 65535), default=None,
                         help="the viewer's port (default 8080)")
-    parser.add_argument("--host", default="127.0.0.1",
+    parser.add_argument("--host", default=None,
                         help="the address the viewer listens on (default 127.0.0.1: this "
                              "machine only; 0.0.0.0 shares it with the network)")
 
@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="train a model", description=TRAIN_HELP)
     train.add_argument("data", nargs="?", default=None,
                        help="COLMAP folder or transforms.json scene (default: built-in demo)")
-    train.add_argument("-o", "--output", type=_folder, required=True)
+    train.add_argument("-o", "--output", type=_folder, required=True,
+                       help="the run's folder: its model, checkpoint, metrics and renders")
     train.add_argument("--eval", action="store_true", help="hold out every 8th image for test")
     train.add_argument("--iterations", type=_integer(1), default=None,
                        help="images to train on (default 30000; with --resume, the run's own)")
@@ -245,11 +246,13 @@ def build_parser() -> argparse.ArgumentParser:
     view.set_defaults(resolution=None)  # a run folder's own, else 1
 
     export = sub.add_parser("export", help="convert a model")
-    export.add_argument("model", type=Path)
+    export.add_argument("model", type=Path, help="a PLY model")
     export.add_argument("--format", choices=("ply", "splat", "spz"), required=True,
                         help="ply (INRIA's layout), splat (antimatter15's) or spz (Niantic's "
                              "compressed format, about a tenth of the PLY)")
-    export.add_argument("-o", "--output", type=Path, default=None)
+    export.add_argument("-o", "--output", type=Path, default=None,
+                        help="the file to write (default: beside the model, with the "
+                             "format's suffix)")
     return parser
 
 

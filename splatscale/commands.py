@@ -69,6 +69,9 @@ def _check_flags(args: Namespace) -> None:
     if args.forwarding is not None and not args.offload:
         flag = "--forwarding" if args.forwarding else "--no-forwarding"
         raise SplatscaleError(f"{flag}: only with --offload")
+    for flag, value in (("--port", args.port), ("--host", args.host)):
+        if value is not None and not args.viewer:
+            raise SplatscaleError(f"{flag}: only with --viewer")
 
 
 def _check_device(args: Namespace, ranks: group.Ranks | None) -> None:
@@ -311,7 +314,7 @@ def view(args: Namespace) -> None:
     model_file, record = viewed_model(args.model)
     model = read_ply(model_file)
     scenery, background = None, torch.zeros(3)
-    if args.data is not None or record is not None:
+    if args.data is not None or (record is not None and "data" in record):
         scenery, background = _run_scenery(args, record or {})
     with served(args.host, args.port) as server:
         show_model(server, model, scenery, background.to(model.means.dtype), str(args.model))

@@ -9,6 +9,7 @@ import math
 import os
 import shutil
 import subprocess
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -116,3 +117,42 @@ def test_export_writes_spz(tmp_path, capsys):
 def _umask() -> int:
     from splatscale.atomic import umask
     return umask()
+
+
+def test_far_centres_keep_their_place_with_fewer_fractional_bits(tmp_path):
+    from gsply.spz import read_spz
+
+    model = small_model()
+    model.means.mul_(3000.0)  # beyond 2048, where 12 fractional bits end
+    model.quats[:3] = 0.0  # no rotation, to the renderer
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_spz(model, tmp_path / "far.spz")
+    back = read_spz(tmp_path / "far.spz")
+    np.testing.assert_allclose(back.means * np.array([1.0, -1.0, -1.0]), model.means.numpy(),
+                               atol=2 ** -11)
+    np.testing.assert_allclose(back.quats[:3], [[1.0, 0.0, 0.0, 0.0]] * 3, atol=2e-3)
+
+
+def test_export_refuses_what_spz_cannot_hold_and_what_is_not_a_file(tmp_path, capfd):
+    from splatscale.cli import main
+    from splatscale.model.ply import write_ply
+
+    model = small_model()
+    write_ply(model, tmp_path / "model.ply")
+    (tmp_path / "folder").mkdir()
+    assert main(["export", str(tmp_path / "model.ply"), "--format", "spz",
+                 "-o", str(tmp_path / "folder")]) == 2
+    model.means[0, 0] = 1e30
+    write_ply(model, tmp_path / "huge.ply")
+    assert main(["export", str(tmp_path / "huge.ply"), "--format", "spz"]) == 2
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 2, err
+    assert f"{tmp_path / 'folder'}: not a regular file, so not replaced" in err[0]
+    assert "do not fit an .spz file" in err[1] and not (tmp_path / "huge.spz").exists()
+
+    (tmp_path / "real.spz").write_bytes(b"")
+    (tmp_path / "link.spz").symlink_to("real.spz")
+    assert main(["export", str(tmp_path / "model.ply"), "--format", "spz",
+                 "-o", str(tmp_path / "link.spz")]) == 0
+    assert (tmp_path / "link.spz").is_symlink() and (tmp_path / "real.spz").stat().st_size > 0

@@ -11,14 +11,17 @@ function in y and z.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
 
 from splatscale.atomic import atomic_path
+from splatscale.errors import DataError
 from splatscale.model.gaussians import GaussianModel
 
 SPZ_VERSION = 3  # gzip container, read by every .spz reader
+MAX_FRACTIONAL_BITS = 12  # the format's usual precision of centres: 1/4096
 # The sign each SH coefficient of degree 1..3 takes under (x, y, z) -> (x, -y, -z),
 # in gsplat's order (tests/test_spz.py derives it from the basis functions).
 HALF_TURN_SH_SIGNS = np.array([-1, -1, 1,
@@ -27,19 +30,40 @@ HALF_TURN_SH_SIGNS = np.array([-1, -1, 1,
 
 
 def write_spz(model: GaussianModel, path: str | Path) -> None:
-    """``model`` as an .spz file at ``path`` (at the SH degree it uses), written atomically."""
+    """``model`` as an .spz file at ``path`` (at the SH degree it uses), written atomically.
+    Its centres are fixed point with as many fractional bits (up to 12) as their
+    largest coordinate leaves."""
     from gsply import GSData
     from gsply.spz import write_spz as pack
 
     p = {name: t.detach().cpu().float().numpy() for name, t in model.parameters().items()}
     rest = (model.sh_degree + 1) ** 2 - 1
     flip = np.array([1.0, -1.0, -1.0], dtype=np.float32)
-    quats = p["quats"] / np.linalg.norm(p["quats"], axis=1, keepdims=True)
     data = GSData(means=np.ascontiguousarray(p["means"] * flip),
                   scales=p["log_scales"],
-                  quats=np.ascontiguousarray(quats * np.concatenate([[1.0], flip]).astype(np.float32)),
+                  quats=np.ascontiguousarray(_unit(p["quats"]) * np.concatenate([[1.0], flip])
+                                             .astype(np.float32)),
                   opacities=p["opacity_logits"],
                   sh0=np.ascontiguousarray(p["sh0"][:, 0]),
                   shN=np.ascontiguousarray(p["shN"][:, :rest] * HALF_TURN_SH_SIGNS[:rest, None]))
+    bits = fractional_bits(float(np.abs(p["means"]).max()), path)
     with atomic_path(path) as tmp:
-        pack(tmp, data, version=SPZ_VERSION)
+        pack(tmp, data, version=SPZ_VERSION, fractional_bits=bits)
+
+
+def fractional_bits(largest: float, path: str | Path) -> int:
+    """The most fractional bits (up to 12) of a 24-bit signed fixed point that holds
+    coordinates up to ``largest``."""
+    bits = MAX_FRACTIONAL_BITS if largest <= 0 else min(
+        MAX_FRACTIONAL_BITS, math.floor(math.log2((2 ** 23 - 1) / largest)))
+    if bits < 1:
+        raise DataError(f"{path}: coordinates up to {largest:g} do not fit an .spz file "
+                        f"(24-bit fixed point: below {2 ** 22:g})")
+    return bits
+
+
+def _unit(quats: np.ndarray) -> np.ndarray:
+    """Unit quaternions; a zero one (no rotation to the renderer) as the identity."""
+    norms = np.linalg.norm(quats, axis=1, keepdims=True)
+    identity = np.tile(np.array([1.0, 0.0, 0.0, 0.0], dtype=quats.dtype), (len(quats), 1))
+    return np.divide(quats, norms, out=identity, where=norms > 0)

@@ -32,9 +32,27 @@ def viewed_model(target: Path) -> tuple[Path, dict | None]:
     if not config.is_file():
         return model, None
     try:
-        return model, json.loads(config.read_text())
+        record = json.loads(config.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DataError(f"{config}: not a run's config.json ({error})") from None
+    return model, _checked_record(record, config)
+
+
+# What view reads of a run's config.json, and what each may be.
+RECORD_FIELDS = {"data": lambda v: v is None or isinstance(v, str),
+                 "resolution": lambda v: v in (None, 1, 2, 4, 8),
+                 "max_width": lambda v: v is None or (type(v) is int and v >= 16),
+                 "eval": lambda v: isinstance(v, bool),
+                 "white_background": lambda v: v is None or isinstance(v, bool)}
+
+
+def _checked_record(record, config: Path) -> dict:
+    if not isinstance(record, dict):
+        raise DataError(f"{config}: not a run's config.json (not a JSON object)")
+    for name, fits in RECORD_FIELDS.items():
+        if name in record and not fits(record[name]):
+            raise DataError(f"{config}: not a run's config.json ({name}: {record[name]!r})")
+    return record
 
 
 @contextmanager
