@@ -65,6 +65,7 @@ def test_training_reads_the_same_images_from_disk(demo, tmp_path):
 # of its peak resident memory, in bytes.
 PEAK_GROWTH = """
 import json, resource, sys
+from pathlib import Path
 import numpy as np, torch
 from PIL import Image
 from splatscale.data.cameras import Camera
