@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from splatscale import launch
-from splatscale.errors import interrupt, run_reported
+from splatscale.errors import QUIET_EXIT, interrupt, run_reported
 from splatscale.threads import usable_cores
 
 TRAIN_HELP = """Train a 3DGS model. --iterations counts images seen, as Grendel does:
@@ -267,7 +267,15 @@ def main(argv: list[str] | None = None) -> int:
         if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
             # Until training takes them over, both stop quietly.
             signal.signal(signum, interrupt)
-    return run_reported(lambda: _run(args))
+    code = run_reported(lambda: _run(args))
+    if code in (130, QUIET_EXIT) and launch.launched():
+        # A stop signal that cut an import short can leave CPython to end the process
+        # by SIGINT as it exits, which the launcher would read as a rank that said
+        # nothing: a stopped rank that has said its word ends here.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _run(args: argparse.Namespace) -> int:
