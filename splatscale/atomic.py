@@ -49,7 +49,7 @@ def _named(path: Path, tmp: str | None = None) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        if error.filename is None or error.filename == tmp or tmp is None:
+        if tmp is None or error.filename in (None, tmp):
             raise OSError(error.errno, error.strerror, str(path)) from None
         raise
 

@@ -43,7 +43,7 @@ def test_a_budget_changes_where_images_are_not_what_they_are(demo, tmp_path):
     def no_decoding(index):
         raise AssertionError(f"image {index} decoded again")
 
-    again._load = no_decoding  # every image has its raw copy now, or is kept
+    again.memory.decode = no_decoding  # every image has its raw copy now, or is kept
     for i in range(10, len(demo.views)):
         assert torch.equal(again.image(i, rows=(5, 9)), whole.image(i)[5:9])
 

@@ -32,33 +32,36 @@ def default_budget() -> int:
 
 
 class ImageMemory:
-    """Images by index, each made by ``decode()`` once. ``budget``: bytes kept in
-    memory (None: every image); the rest are raw files in the folders given."""
+    """Images by index, each made by ``decode(index)`` once. ``budget``: bytes kept in
+    memory (None: every image); the rest are raw files where ``locate(index)`` says
+    (a path and the image's shape), asked only for images not kept."""
 
-    def __init__(self, budget: int | None) -> None:
-        self.budget = budget
+    def __init__(self, budget: int | None,
+                 locate: Callable[[int], tuple[Path, tuple[int, int, int]]],
+                 decode: Callable[[int], np.ndarray]) -> None:
+        self.budget, self.locate, self.decode = budget, locate, decode
         self.kept: dict[int, torch.Tensor] = {}
         self.kept_bytes = 0
         self._ahead: dict[int, Future] = {}
         self._reader: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def get(self, index: int, raw: Path, shape: tuple[int, int, int],
-            decode: Callable[[], np.ndarray]) -> torch.Tensor:
-        """Image ``index``: kept, read ahead, read from ``raw``, or decoded; then kept
-        if it fits the budget, else written to ``raw`` (once)."""
+    def get(self, index: int) -> torch.Tensor:
+        """Image ``index``: kept, read ahead, read from its raw file, or decoded; then
+        kept if it fits the budget, else written to its raw file (once)."""
         kept = self.kept.get(index)
         if kept is not None:
             return kept
         with self._lock:
             ahead = self._ahead.pop(index, None)
+        raw, shape = self.locate(index)
         on_disk = ahead is not None or raw.is_file()
         if ahead is not None:
             image = ahead.result()
         elif on_disk:
             image = _read(raw, shape)
         else:
-            image = torch.from_numpy(decode())
+            image = torch.from_numpy(self.decode(index))
         if self.budget is None or self.kept_bytes + image.nbytes <= self.budget:
             self.kept[index] = image
             self.kept_bytes += image.nbytes
@@ -66,11 +69,14 @@ class ImageMemory:
             _write(image.numpy(), raw)
         return image
 
-    def read_ahead(self, wanted: list[tuple[int, Path, tuple[int, int, int]]]) -> None:
-        """Start reading the raw files of the images ``wanted`` next (index, file, shape)
-        that are neither kept nor being read."""
-        for index, raw, shape in wanted:
-            if index in self.kept or not raw.is_file():
+    def read_ahead(self, indices: list[int]) -> None:
+        """Start reading the raw files of the images ``indices`` that are neither kept
+        nor being read."""
+        for index in indices:
+            if index in self.kept:
+                continue
+            raw, shape = self.locate(index)
+            if not raw.is_file():
                 continue
             with self._lock:
                 if index in self._ahead:
@@ -86,6 +92,5 @@ def _read(path: Path, shape: tuple[int, int, int]) -> torch.Tensor:
 
 
 def _write(image: np.ndarray, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
         np.ascontiguousarray(image).tofile(tmp)

@@ -96,7 +96,7 @@ class ImageStore:
             raise ValueError(f"resolution must be 1, 2, 4 or 8, got {resolution}")
         self.scene = scene
         self.background = tuple(float(c) for c in background)
-        self.memory = ImageMemory(memory_budget)
+        self.memory = ImageMemory(memory_budget, self._raw, self._load)
         self._cameras = [self._scaled(v.camera, resolution, max_width) for v in scene.views]
         key = hashlib.sha1(str(Path(scene.source).resolve()).encode()).hexdigest()[:16]
         self.cache_dir = (cache_dir or default_cache_dir()) / key
@@ -170,14 +170,12 @@ class ImageStore:
 
     def image(self, index: int, rows: tuple[int, int] | None = None) -> torch.Tensor:
         """uint8 [h, W, 3] of view ``index``, or only its rows ``[y0, y1)``."""
-        image = self.memory.get(index, self._cache_path(index, "rgb"), self._shape(index),
-                                lambda: self._load(index))
+        image = self.memory.get(index)
         return image if rows is None else image[rows[0]:rows[1]]
 
     def read_ahead(self, indices: list[int]) -> None:
         """Start reading the images of ``indices`` that are not in memory."""
-        self.memory.read_ahead([(i, self._cache_path(i, "rgb"), self._shape(i))
-                                for i in indices])
+        self.memory.read_ahead(indices)
 
     def decoded_bytes(self) -> int:
         """Every image decoded, in bytes."""
@@ -186,6 +184,10 @@ class ImageStore:
     def _shape(self, index: int) -> tuple[int, int, int]:
         camera = self._cameras[index]
         return camera.height, camera.width, 3
+
+    def _raw(self, index: int) -> tuple[Path, tuple[int, int, int]]:
+        """Where image ``index`` is kept decoded on disk, and its shape."""
+        return self._cache_path(index, "rgb"), self._shape(index)
 
     def _cache_path(self, index: int, kind: str = "png") -> Path:
         """Keyed by the source file's name, size and modification time, so an edited
