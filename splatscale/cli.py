@@ -105,9 +105,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-width", type=_integer(16), default=None,
                         help="cap the image width (pixels, at least 16)")
     parser.add_argument("--image-memory", type=_size, default=None, metavar="SIZE",
-                        help="decoded images kept in memory, e.g. 8G or 500M (default: a "
-                             "quarter of this machine's memory); the others are read from "
-                             "raw copies in the cache folder as they are used")
+                        help="decoded images kept in memory, e.g. 8G or 500M, shared by "
+                             "the ranks of one machine (default: a quarter of its memory); "
+                             "the others are read from raw copies in the cache folder as "
+                             "they are used")
     parser.add_argument("--skip-missing-images", action="store_true",
                         help="use the views whose images are present when the scene lists "
                              "some that are absent (default: refuse, naming them)")

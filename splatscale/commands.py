@@ -49,17 +49,22 @@ def _scene(args: Namespace):
     return load_scene(args.data, args.skip_missing_images)
 
 
-def _store(args: Namespace, scene, white_background: bool = False) -> ImageStore:
-    """The scene's images, as many kept in memory as --image-memory allows (saying so
-    when that is not all of them)."""
+def _store(args: Namespace, scene, white_background: bool = False,
+           local_ranks: int = 1) -> ImageStore:
+    """The scene's images, as many kept in memory as --image-memory allows, shared
+    equally by the ``local_ranks`` processes of this machine (saying so when that is
+    not all of them)."""
     background = (1.0, 1.0, 1.0) if white_background else scene.background
-    budget = default_budget() if args.image_memory is None else args.image_memory
+    machine = default_budget() if args.image_memory is None else args.image_memory
+    budget = machine // local_ranks
     store = ImageStore(scene, args.resolution, args.max_width, args.cache_dir, background,
                        memory_budget=budget)
     decoded = store.decoded_bytes()
     if decoded > budget:
+        share = (f", {budget / 2 ** 30:.1f} GiB for each of {local_ranks} ranks"
+                 if local_ranks > 1 else "")
         notice(f"the images take {decoded / 2 ** 30:.1f} GiB decoded, more than --image-memory "
-               f"({budget / 2 ** 30:.1f} GiB): the rest are read from raw copies in "
+               f"({machine / 2 ** 30:.1f} GiB{share}): the rest are read from raw copies in "
                f"{store.cache_dir}")
     return store
 
@@ -156,12 +161,14 @@ def _launch(args: Namespace) -> int:
         return launch.spawn(args.argv, args.nproc)
 
 
-def _checked_inputs(args: Namespace) -> Inputs:
+def _checked_inputs(args: Namespace, ranks: group.Ranks | None = None) -> Inputs:
     folder = RunFolder(args.output)
     folder.check(args.resume, args.overwrite)
     config = _resumed_config(args, folder.checkpoint) if args.resume else _new_config(args)
     scene = _scene(args)
-    return Inputs(folder, config, scene, _store(args, scene, config.white_background))
+    local_ranks = ranks.local_world if ranks else 1
+    return Inputs(folder, config, scene,
+                  _store(args, scene, config.white_background, local_ranks))
 
 
 def _share_cores(args: Namespace, ranks: group.Ranks | None) -> None:
@@ -200,7 +207,7 @@ def _prepared(args: Namespace, ranks: group.Ranks | None,
               writes: bool) -> tuple[Trainer, dict]:
     """The Trainer, its images decoded and (with --resume) its checkpoint loaded, and
     the run's config.json; nothing written to the output folder."""
-    inputs = _checked_inputs(args)
+    inputs = _checked_inputs(args, ranks)
     options = RunOptions(args.output, args.eval, args.eval_every, list(args.save_at),
                          args.checkpoint_every, progress=writes and not args.quiet,
                          writes=writes)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from splatscale.engine import TrainView
 from splatscale.engine.distributed import distributed_engine, shard_of
 from splatscale.engine.local import local_engine
 from splatscale.model.ply import read_ply
@@ -70,17 +71,31 @@ def whole_state_saved(path: Path) -> dict:
     return load_checkpoint(path)[1]
 
 
+def recording_reads(views: list[TrainView]) -> tuple[list[TrainView], list]:
+    """``views`` whose targets are read when asked, and the list of what was read:
+    (view, rows) pairs, rows None for a whole image."""
+    reads = []
+
+    def reader(index: int, target: Tensor):
+        def read(rows):
+            reads.append((index, rows))
+            return target if rows is None else target[rows[0]:rows[1]]
+        return read
+    return [TrainView(v.camera, read=reader(i, v.target)) for i, v in enumerate(views)], reads
+
+
 def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
     join(rank, world, init_file)
     views, model = densifying_scene()
     results = {"steps": {}}
     for batch_size in (1, 4):
         engine = distributed_engine(shard_of(model, rank, world), batch_size, torch.zeros(3))
-        result = engine.forward_backward(views[:batch_size], track_stats=True)
+        batch, reads = recording_reads(views[:batch_size])
+        result = engine.forward_backward(batch, track_stats=True)
         grads = {n: gather_rows(p.grad) for n, p in engine.model.parameters().items()}
         results["steps"][batch_size] = (result.loss,
                                         by_key(gather_rows(engine.model.keys), grads),
-                                        result.diagnostics["bands"])
+                                        result.diagnostics["bands"], reads)
     engine = distributed_engine(shard_of(model, rank, world), 2, torch.zeros(3),
                                max_imbalance=1.0)  # rebalance after every densification
     results["losses"] = densifying_run(engine, views)
@@ -141,8 +156,15 @@ def test_ranks_equal_the_single_process(world, single_process, tmp_path):
     ranks = torch.load(out, weights_only=False)
     for batch_size in (1, 4):
         want_loss, want = single_process["steps"][batch_size]
-        loss, got, bands = ranks["steps"][batch_size]
+        loss, got, bands, reads = ranks["steps"][batch_size]
         assert loss == pytest.approx(want_loss, rel=1e-12)
+        # Rank 0 read the rows it renders of the images it renders, nothing else.
+        assert {view for view, _ in reads} == {band.camera for band in bands[0]}, reads
+        assert all(any(rows[0] <= band.rows[0] and band.rows[1] <= rows[1]
+                       for view, rows in reads if view == band.camera)
+                   for band in bands[0]), (reads, bands[0])
+        if world > 1 and batch_size == 4:
+            assert len({view for view, _ in reads}) < batch_size, reads
         for name in want:
             torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-14,
                                        msg=lambda m, name=name: f"B={batch_size} d/d{name}: {m}")

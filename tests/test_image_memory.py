@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from splatscale.commands import _store
 from splatscale.data.images import ImageStore
 from splatscale.demo import demo_scene
 from splatscale.train.config import TrainConfig
@@ -48,6 +50,26 @@ def test_a_budget_changes_where_images_are_not_what_they_are(demo, tmp_path):
         assert torch.equal(again.image(i, rows=(5, 9)), whole.image(i)[5:9])
 
 
+def test_the_ranks_of_one_machine_share_its_budget(demo, tmp_path, capsys):
+    image_bytes = ImageStore(demo).decoded_bytes() // len(demo.views)
+    args = Namespace(image_memory=20 * image_bytes, resolution=1, max_width=None,
+                     cache_dir=tmp_path)
+    store = _store(args, demo, local_ranks=4)
+    assert store.memory.budget == 5 * image_bytes
+    assert "for each of 4 ranks" in capsys.readouterr().err
+
+
+def test_reads_ahead_not_used_by_the_next_step_are_dropped(demo, tmp_path):
+    store = ImageStore(demo, cache_dir=tmp_path, memory_budget=0)
+    store.check(decode=True)  # every image has its raw copy
+    store.read_ahead([1, 2])
+    store.read_ahead([3])  # the step of 1 and 2 runs now: a rank may use neither
+    assert set(store.memory._ahead) == {1, 2, 3}
+    store.image(1)
+    store.read_ahead([4])
+    assert set(store.memory._ahead) == {3, 4}, "2 was not used in its step"
+
+
 def test_training_reads_the_same_images_from_disk(demo, tmp_path):
     models = []
     for budget in (None, 0):
@@ -70,6 +92,7 @@ from pathlib import Path
 import numpy as np, torch
 from PIL import Image
 from splatscale.data.cameras import Camera
+from splatscale.commands import _store
 from splatscale.data.images import ImageStore
 from splatscale.data.scene import Scene, View
 

@@ -2,8 +2,8 @@
 
 The first images decoded stay in memory until they fill the budget; each one
 after is written once as a raw uint8 file (its rows, as decoded) and read back
-whole when it is used, with no decoding, while the previous step computes
-(``read_ahead``).
+when it is used, with no decoding: whole, while the previous step computes
+(``read_ahead``), or only the rows asked for (a rank renders a band of rows).
 """
 
 from __future__ import annotations
@@ -43,35 +43,47 @@ class ImageMemory:
         self.kept: dict[int, torch.Tensor] = {}
         self.kept_bytes = 0
         self._ahead: dict[int, Future] = {}
+        self._asked_before: set[int] = set()  # the previous read_ahead's images
         self._reader: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
-    def get(self, index: int) -> torch.Tensor:
-        """Image ``index``: kept, read ahead, read from its raw file, or decoded; then
-        kept if it fits the budget, else written to its raw file (once)."""
+    def get(self, index: int, rows: tuple[int, int] | None = None) -> torch.Tensor:
+        """Image ``index``, or its rows ``[y0, y1)``: kept, read ahead, read from its raw
+        file, or decoded; then kept if it fits the budget, else written to its raw file
+        (once). Rows of an image that would not be kept are read alone from its file."""
         kept = self.kept.get(index)
         if kept is not None:
-            return kept
+            return kept if rows is None else kept[rows[0]:rows[1]]
         with self._lock:
             ahead = self._ahead.pop(index, None)
         raw, shape = self.locate(index)
         on_disk = ahead is not None or raw.is_file()
         if ahead is not None:
             image = ahead.result()
+        elif on_disk and rows is not None and not self._has_room(np.prod(shape)):
+            return _read(raw, shape, rows)
         elif on_disk:
             image = _read(raw, shape)
         else:
             image = torch.from_numpy(self.decode(index))
-        if self.budget is None or self.kept_bytes + image.nbytes <= self.budget:
+        if self._has_room(image.nbytes):
             self.kept[index] = image
             self.kept_bytes += image.nbytes
         elif not on_disk:
             _write(image.numpy(), raw)
-        return image
+        return image if rows is None else image[rows[0]:rows[1]]
+
+    def _has_room(self, nbytes: int) -> bool:
+        return self.budget is None or self.kept_bytes + nbytes <= self.budget
 
     def read_ahead(self, indices: list[int]) -> None:
         """Start reading the raw files of the images ``indices`` that are neither kept
-        nor being read."""
+        nor being read. Reads asked for by the call before this one and not used since
+        are dropped (a rank uses only the images whose rows it renders)."""
+        with self._lock:
+            for index in set(self._ahead) - self._asked_before - set(indices):
+                self._ahead.pop(index).cancel()
+            self._asked_before = set(indices)
         for index in indices:
             if index in self.kept:
                 continue
@@ -86,9 +98,14 @@ class ImageMemory:
                 self._ahead[index] = self._reader.submit(_read, raw, shape)
 
 
-def _read(path: Path, shape: tuple[int, int, int]) -> torch.Tensor:
-    """The raw file at ``path`` (whole: ``_write`` is atomic) as uint8 ``shape``."""
-    return torch.from_numpy(np.fromfile(path, dtype=np.uint8).reshape(shape))
+def _read(path: Path, shape: tuple[int, int, int],
+          rows: tuple[int, int] | None = None) -> torch.Tensor:
+    """The raw file at ``path`` (whole: ``_write`` is atomic) as uint8 ``shape``, or
+    only its rows ``[y0, y1)``."""
+    y0, y1 = rows or (0, shape[0])
+    row_bytes = shape[1] * shape[2]
+    data = np.fromfile(path, dtype=np.uint8, count=(y1 - y0) * row_bytes, offset=y0 * row_bytes)
+    return torch.from_numpy(data.reshape(y1 - y0, *shape[1:]))
 
 
 def _write(image: np.ndarray, path: Path) -> None:

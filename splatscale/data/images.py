@@ -170,8 +170,7 @@ class ImageStore:
 
     def image(self, index: int, rows: tuple[int, int] | None = None) -> torch.Tensor:
         """uint8 [h, W, 3] of view ``index``, or only its rows ``[y0, y1)``."""
-        image = self.memory.get(index)
-        return image if rows is None else image[rows[0]:rows[1]]
+        return self.memory.get(index, rows)
 
     def read_ahead(self, indices: list[int]) -> None:
         """Start reading the images of ``indices`` that are not in memory."""

@@ -41,7 +41,7 @@ partition, balancer and sparse all-to-all). ``local_engine``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 
 from torch import Tensor
 
@@ -54,10 +54,28 @@ if TYPE_CHECKING:
     from splatscale.step.mcmc import Regularisers
 
 
-@dataclass
 class TrainView:
-    camera: Camera
-    target: Tensor  # float [H, W, 3] in [0, 1]
+    """A view of a batch: its camera and its target image, float [H, W, 3] in [0, 1].
+    The target is given, or ``read(rows)`` reads it when an engine first asks: whole
+    (``rows`` None), or only the rows ``[y0, y1)`` a rank renders."""
+
+    def __init__(self, camera: Camera, target: Tensor | None = None,
+                 read: Callable[[tuple[int, int] | None], Tensor] | None = None) -> None:
+        if (target is None) == (read is None):
+            raise ValueError("TrainView: give a target or a way to read it, not both")
+        self.camera, self._target, self._read = camera, target, read
+
+    @property
+    def target(self) -> Tensor:
+        if self._target is None:
+            self._target = self._read(None)
+        return self._target
+
+    def target_rows(self, y0: int, y1: int) -> Tensor:
+        """Rows ``[y0, y1)`` of the target, reading no others where it is not yet read."""
+        if self._target is None:
+            return self._read((y0, y1))
+        return self._target[y0:y1]
 
 
 @dataclass

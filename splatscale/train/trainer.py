@@ -10,6 +10,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -147,7 +148,8 @@ class Trainer:
         if crosses(before, after, c.sh_degree_interval) and self.sh_degree < c.sh_degree:
             self.sh_degree += 1
             engine.set_sh_degree(self.sh_degree)
-        batch = [TrainView(self.store.camera(i), self.store.as_float(i))
+        # Read when an engine asks: a rank reads only the images whose rows it renders.
+        batch = [TrainView(self.store.camera(i), read=partial(self.store.as_float, i))
                  for i in self._next_batch()]
         self.store.read_ahead(self.queue[-c.batch_size:])  # the next batch, where queued
         strategy = self.strategy
