@@ -1,8 +1,10 @@
 """Device memory of training on one device against offloaded; prints one JSON line.
 
-For each scene (snowmiku's SfM points at B = 1 with its images, and 1M
-Gaussians from the garden splats with a garden camera), after a warm-up
-step, per engine:
+For each scene (snowmiku's SfM points at B = 1 with its images; 1M Gaussians
+from the garden splats with a garden camera; ``large``: that garden laid 3 x 2
+times side by side, several million Gaussians of which the camera sees about
+a tenth, as a view of a city-scale capture does), after a warm-up step, per
+engine:
 
 - ``*_device_bytes_per_gaussian``: what stays on the device between steps.
   Local: the parameters, their gradients, both Adam moments, keys and
@@ -32,12 +34,12 @@ from torch.profiler import ProfilerActivity, profile
 from splatscale.engine import TrainView
 from splatscale.engine.local import local_engine
 from splatscale.engine.offload import offload_engine
-from splatscale.engine.offload.engine import EXACT_TEST
+from splatscale.engine.offload.rows import EXACT_TEST
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.projection import visibility
 
 from report import emit
-from scenes import garden_scene, snowmiku_init
+from scenes import garden_scene, snowmiku_init, tiled_garden
 
 def rates(extent: float = 1.0) -> dict[str, float]:
     """3DGS's initial learning rates."""
@@ -90,26 +92,32 @@ def offload_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, fl
                + sum(t.nbytes for t in working.model.parameters().values())
                + working.model.keys.nbytes)
     persistent = engine.rows.memory_per_gaussian()["device"]
+    step_bytes = brought + max(test_peak, render_peak)
     return {"device_bytes_per_gaussian": persistent,
-            "peak_bytes": persistent * len(model) + brought + max(test_peak, render_peak),
+            "peak_bytes": persistent * len(model) + step_bytes,
+            "step_bytes_per_visible": step_bytes / len(working.rows),
             "visible_fraction": len(working.rows) / len(model),
             "candidate_fraction": len(candidates) / len(model)}
 
 
-def scenes(gaussians: int):
+def scenes(gaussians: int, large_gaussians: int):
     store, model = snowmiku_init()
     yield "snowmiku", model, [TrainView(store.camera(0), store.as_float(0))]
-    model, cameras = garden_scene(gaussians)
-    camera = cameras[0]
-    yield "garden", model, [TrainView(camera, torch.zeros(camera.height, camera.width, 3))]
+    for name, make in (("garden", lambda: garden_scene(gaussians)),
+                       ("large", lambda: tiled_garden(large_gaussians // 6, 3, 2))):
+        model, cameras = make()
+        camera = cameras[0]
+        yield name, model, [TrainView(camera, torch.zeros(camera.height, camera.width, 3))]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--gaussians", type=int, default=1_000_000, help="of the garden scene")
+    parser.add_argument("--large-gaussians", type=int, default=4_500_000,
+                        help="of the large scene")
     args = parser.parse_args()
     out = {}
-    for name, model, views in scenes(args.gaussians):
+    for name, model, views in scenes(args.gaussians, args.large_gaussians):
         local, offload = local_memory(model, views), offload_memory(model, views)
         out[name] = {"gaussians": len(model),
                      "local_device_bytes_per_gaussian": local["device_bytes_per_gaussian"],
@@ -117,6 +125,7 @@ def main() -> None:
                      "local_peak_bytes": local["peak_bytes"],
                      "offload_peak_bytes": offload["peak_bytes"],
                      "peak_ratio": round(local["peak_bytes"] / offload["peak_bytes"], 2),
+                     "offload_step_bytes_per_visible": round(offload["step_bytes_per_visible"]),
                      "visible_fraction": round(offload["visible_fraction"], 3),
                      "candidate_fraction": round(offload["candidate_fraction"], 3)}
     emit(out)

@@ -10,9 +10,11 @@ import numba
 
 
 def emit(result: dict) -> None:
+    """Prints ``result`` with this process' threading, unless ``result`` says which
+    threading its figures were measured with (in other processes)."""
     try:
         layer = numba.threading_layer()
     except ValueError:  # no parallel kernel ran
         layer = "none"
-    print(json.dumps({**result, "threading_layer": layer,
-                      "numba_threads": numba.get_num_threads()}))
+    print(json.dumps({**result, "threading_layer": result.get("threading_layer", layer),
+                      "numba_threads": result.get("numba_threads", numba.get_num_threads())}))

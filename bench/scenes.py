@@ -25,20 +25,41 @@ def snowmiku_init() -> tuple[ImageStore, GaussianModel]:
 
 
 def garden_scene(count: int, seed: int = 0) -> tuple[GaussianModel, list[Camera]]:
-    """The garden splats' points, each copied with a jitter of its nearest-neighbour
-    distance up to ``count`` (3DGS initialisation), and the three garden cameras."""
+    """``count`` of the garden splats' points (3DGS initialisation) and the three garden
+    cameras: a random choice of them, or all of them and then copies, each with a jitter
+    of its nearest-neighbour distance."""
     data = np.load(DATA / "garden_splats.npz")
     points, colors = data["means3d"].astype(np.float64), data["colors"]
     rng = np.random.default_rng(seed)
-    spacing = cKDTree(points).query(points, k=2)[0][:, 1]
-    copies = rng.integers(0, len(points), count - len(points))
-    jittered = points[copies] + rng.normal(size=(len(copies), 3)) * spacing[copies, None]
-    model = init_from_points(np.concatenate([points, jittered]),
-                             np.concatenate([colors, colors[copies]]).clip(0, 1))
+    if count <= len(points):
+        chosen = rng.choice(len(points), count, replace=False)
+        model = init_from_points(points[chosen], colors[chosen].clip(0, 1))
+    else:
+        spacing = cKDTree(points).query(points, k=2)[0][:, 1]
+        copies = rng.integers(0, len(points), count - len(points))
+        jittered = points[copies] + rng.normal(size=(len(copies), 3)) * spacing[copies, None]
+        model = init_from_points(np.concatenate([points, jittered]),
+                                 np.concatenate([colors, colors[copies]]).clip(0, 1))
     cameras = [Camera(torch.from_numpy(v).float(), torch.from_numpy(k).float(),
                       int(data["width"]), int(data["height"]), f"garden{i}")
                for i, (v, k) in enumerate(zip(data["viewmats"], data["Ks"]))]
     return model, cameras
+
+
+def tiled_garden(per_tile: int, rows: int, columns: int) -> tuple[GaussianModel, list[Camera]]:
+    """``garden_scene(per_tile)`` laid ``rows`` x ``columns`` times side by side on the
+    ground (the x-y plane), each copy shifted by the span of the garden's points (2nd to
+    98th percentile). The copy at the origin is the front row: the first garden camera,
+    looking along +x, sees its own copy and little of those behind and beside it."""
+    model, cameras = garden_scene(per_tile)
+    low, high = np.percentile(model.means.numpy(), [2, 98], axis=0)
+    span = torch.tensor([high[0] - low[0], high[1] - low[1], 0.0], dtype=model.means.dtype)
+    offsets = [span * torch.tensor([i, j, 0.0], dtype=span.dtype)
+               for i in range(1 - rows, 1) for j in range(-(columns // 2), columns - columns // 2)]
+    joined = {name: torch.cat([tensor + offset if name == "means" else tensor
+                               for offset in offsets])
+              for name, tensor in model.parameters().items()}
+    return GaussianModel(**joined, sh_degree=model.sh_degree), cameras
 
 
 def moved_views(cameras: list[Camera], centre: torch.Tensor, count: int,
