@@ -163,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="train with N local ranks (Grendel), each with cores/N threads, "
                             f"N at most the cores this process may use ({MAX_LOCAL_RANKS} "
                             "here); or start the command under torchrun")
+    train.add_argument("--comm", choices=("nccl", "gloo"), default=None,
+                       help="how ranks on GPUs talk: NCCL (the default when each rank of "
+                            "a machine has a GPU of its own) or gloo through host memory "
+                            "(the default when ranks share a GPU; always on CPUs)")
     train.add_argument("--join-timeout", type=_positive_float, default=120.0,
                        help="seconds the ranks wait for each other to join (default 120)")
     train.add_argument("--offload", action="store_true",

@@ -19,6 +19,7 @@ from splatscale.data.images import ImageStore, write_png
 from splatscale.data.scene import Scene
 from splatscale.engine.distributed import distributed_engine, group, shard_of
 from splatscale.engine.distributed.cost_model import RowCost
+from splatscale.engine.distributed.placement import Placement, placement
 from splatscale.engine.engine import ComposedEngine
 from splatscale.engine.local import local_engine
 from splatscale.engine.offload import offload_engine
@@ -79,14 +80,24 @@ def _check_flags(args: Namespace) -> None:
             raise SplatscaleError(f"{flag}: only with --viewer")
 
 
-def _check_device(args: Namespace, ranks: group.Ranks | None) -> None:
-    """--device cuda: one process, a GPU torch can see, gsplat's kernels built."""
-    if args.device == "cpu":
-        return
-    if args.nproc > 1 or ranks is not None:
-        raise SplatscaleError("--device cuda with several ranks: distributed training runs "
-                              "on CPU ranks for now (its exchange goes over gloo in host "
-                              "memory); train on one GPU, or drop --device cuda")
+def _check_device(args: Namespace, ranks: group.Ranks | None) -> Placement | None:
+    """--device cuda: a GPU torch can see, gsplat's kernels built. With several ranks
+    (this process' ranks, or those --nproc starts), where this one computes and how
+    the ranks talk."""
+    several = ranks is not None or args.nproc > 1
+    if args.comm is not None and not several:
+        raise SplatscaleError(f"--comm {args.comm}: chooses how several ranks talk "
+                              "(--nproc N, or torchrun); drop it to train alone")
+    if args.device == "cuda":
+        _check_cuda()
+    if not several:
+        return None
+    local_rank, local_world = (ranks.local_rank, ranks.local_world) if ranks else (0, args.nproc)
+    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
+    return placement(args.device, local_rank, local_world, gpus, args.comm)
+
+
+def _check_cuda() -> None:
     if not torch.cuda.is_available():
         raise SplatscaleError(f"--device cuda: torch {torch.__version__} sees no CUDA device"
                               f" (its CUDA build: {torch.version.cuda or 'none'}); install a "
@@ -143,11 +154,11 @@ def train(args: Namespace) -> int | None:
     and holds the lock while N local ranks, each this command, train."""
     ranks = group.from_environment()
     _check_flags(args)
-    _check_device(args, ranks)
+    where = _check_device(args, ranks)
     if args.nproc > 1 and ranks is None:
         return _launch(args)
     _share_cores(args, ranks)
-    _train(args, ranks, holds_lock=launch.launched())
+    _train(args, ranks, where, holds_lock=launch.launched())
     return None
 
 
@@ -177,20 +188,24 @@ def _share_cores(args: Namespace, ranks: group.Ranks | None) -> None:
         use_threads(group.threads_per_rank(ranks.local_world))
 
 
-def _train(args: Namespace, ranks: group.Ranks | None, holds_lock: bool = False) -> None:
+def _train(args: Namespace, ranks: group.Ranks | None, where: Placement | None,
+           holds_lock: bool = False) -> None:
     """Check everything (every rank, then agree), then write and train."""
     writes = ranks is None or ranks.rank == 0
     with ExitStack() as resources:
         if ranks is not None:
             resources.callback(group.leave)
-            group.join(ranks, args.join_timeout)
+            if where.device != "cpu":
+                torch.cuda.set_device(where.device)
+                notice(where.describe(ranks.local_world))
+            group.join(ranks, args.join_timeout, where.comm)
 
         def prepare() -> tuple[Trainer, dict, Watcher | None]:
             if writes and not holds_lock:
                 resources.enter_context(RunFolder(args.output).lock())
             server = (resources.enter_context(_served(args.host, args.port))
                       if writes and args.viewer else None)
-            trainer, record = _prepared(args, ranks, writes)
+            trainer, record = _prepared(args, ranks, where, writes)
             return trainer, record, _watcher(args, trainer, server)
 
         with held():
@@ -203,7 +218,7 @@ def _train(args: Namespace, ranks: group.Ranks | None, holds_lock: bool = False)
         print(json.dumps(report))
 
 
-def _prepared(args: Namespace, ranks: group.Ranks | None,
+def _prepared(args: Namespace, ranks: group.Ranks | None, where: Placement | None,
               writes: bool) -> tuple[Trainer, dict]:
     """The Trainer, its images decoded and (with --resume) its checkpoint loaded, and
     the run's config.json; nothing written to the output folder."""
@@ -212,7 +227,7 @@ def _prepared(args: Namespace, ranks: group.Ranks | None,
                          args.checkpoint_every, progress=writes and not args.quiet,
                          writes=writes)
     make_engine = (_single_engine(args) if ranks is None
-                   else partial(_distributed_engine, ranks, args))
+                   else partial(_distributed_engine, ranks, where, args))
     trainer = Trainer(inputs.scene, inputs.store, inputs.config, options,
                       make_engine=make_engine)
     if args.resume:
@@ -254,17 +269,18 @@ def _single_engine(args: Namespace) -> EngineFactory:
     return partial(local_engine, device=args.device)
 
 
-def _distributed_engine(ranks: group.Ranks, args: Namespace, model: GaussianModel,
-                        batch_size: int, background: torch.Tensor,
+def _distributed_engine(ranks: group.Ranks, where: Placement, args: Namespace,
+                        model: GaussianModel, batch_size: int, background: torch.Tensor,
                         ssim_weight: float) -> ComposedEngine:
-    """This rank's engine over its shard, which it offloads with --offload."""
+    """This rank's engine over its shard, on its device, which it offloads with
+    --offload."""
     shard = shard_of(model, ranks.rank, ranks.world)
     if args.offload:
         return offloaded_shard_engine(shard, batch_size, background, ssim_weight, args.balance,
-                                      _fixed_cost(args), device=args.device,
+                                      _fixed_cost(args), device=where.device,
                                       forwarding=args.forwarding)
     return distributed_engine(shard, batch_size, background, ssim_weight, args.balance,
-                              _fixed_cost(args))
+                              _fixed_cost(args), device=where.device)
 
 
 def _split_ids(scene, split: str) -> list[int]:

@@ -228,6 +228,8 @@ def test_bad_checkpoints_are_refused(output, capsys, content, fragment):
     (["--pixel-cost", "cheap"], "argument --pixel-cost: not a number: 'cheap'"),
     (["--no-forwarding"], "--no-forwarding: only with --offload"),
     (["--forwarding"], "--forwarding: only with --offload"),
+    (["--comm", "gloo"], "--comm gloo: chooses how several ranks talk"),
+    (["--comm", "nccl", "--nproc", "2"], "--comm nccl: NCCL joins GPUs"),
 ])
 def test_bad_flags(output, capsys, flags, fragment):
     with pytest.raises(SystemExit) as exit_info:
@@ -237,15 +239,10 @@ def test_bad_flags(output, capsys, flags, fragment):
     assert_untouched(output)
 
 
-def test_cuda_on_several_ranks_is_refused(output, capsys):
-    code = main(["train", "-o", str(output), "--quiet", "--device", "cuda", "--nproc", "2"])
-    assert_clean_error(code, capsys.readouterr().err, "--device cuda with several ranks")
-    assert_untouched(output)
-
-
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
-def test_cuda_without_a_gpu_says_so(output, capsys):
-    code = main(["train", "-o", str(output), "--quiet", "--device", "cuda"])
+@pytest.mark.parametrize("ranks", [[], ["--nproc", "2"]])
+def test_cuda_without_a_gpu_says_so(output, capsys, ranks):
+    code = main(["train", "-o", str(output), "--quiet", "--device", "cuda", *ranks])
     assert_clean_error(code, capsys.readouterr().err, "sees no CUDA device",
                        "or train with --device cpu")
     assert_untouched(output)

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from splatscale.demo import demo_scene
 from splatscale.engine import TrainView
 from splatscale.engine.distributed import distributed_engine, shard_of
 from splatscale.engine.local import local_engine
@@ -231,6 +233,32 @@ def test_nproc_trains_and_writes_once(tmp_path, capfd):
                  "--nproc", "2", *cache]) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no such file or folder" in err[0], err
+
+
+def test_torchrun_on_two_nodes_trains_as_one_run(tmp_path):
+    """Two torchrun agents of one rank each meet at a rendezvous endpoint, as two
+    machines would (here both on localhost): one run, written once."""
+    cache, out = tmp_path / "cache", tmp_path / "run"
+    demo_scene(cache)  # its images exist before either node looks for them
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    node = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+            "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+            f"127.0.0.1:{port}", "--rdzv-id", "splatscale-test", "-m", "splatscale", "train",
+            "-o", str(out), "--iterations", "20", "--quiet", "--threads", "1",
+            "--cache-dir", str(cache)]
+    nodes = [subprocess.Popen(node, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    finished = [n.communicate(timeout=600) for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], [err[-2000:] for _, err in finished]
+    reports = [json.loads(line) for output, _ in finished for line in output.splitlines()
+               if line.startswith("{")]
+    assert len(reports) == 1 and reports[0]["iterations"] == 20, "rank 0 reports alone"
+    assert json.loads((out / "config.json").read_text())["world_size"] == 2
+    assert [json.loads(line)["images"] for line in
+            (out / "metrics.jsonl").read_text().splitlines()] == [10, 20]
+    assert len(read_ply(out / "point_cloud.ply")) == reports[0]["num_gaussians"]
 
 
 def children_of(pid: int) -> list[int]:

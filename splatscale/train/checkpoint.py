@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from splatscale.atomic import atomic_path
+from splatscale.engine.distributed import collectives
 from splatscale.engine.state import (EngineState, concat_states, shard_rows, state_rows,
                                      state_size)
 from splatscale.errors import DataError
@@ -60,7 +60,7 @@ def _save_shard(path: Path, state: EngineState, rank: int, world: int, images: i
     _save(state, path.parent / name)
     counts = torch.zeros(world, dtype=torch.int64)
     counts[rank] = state_size(state)
-    dist.all_reduce(counts)  # also a barrier: every shard is written after it
+    collectives.all_reduce(counts)  # also a barrier: every shard is written after it
     return {"shards": [f"{path.name}.{images:09d}.rank{r}-of-{world}" for r in range(world)],
             "counts": counts.tolist()}
 

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.engine import StepResult, TrainView
+from splatscale.engine.distributed import collectives
 from splatscale.engine.distributed.exchange import (all_to_all, all_to_all_differentiable,
                                                     exchange_counts, pack, render_rows,
                                                     rendered_workload, route, unpack)
@@ -54,11 +55,12 @@ class Ranks:
 
     def __init__(self, background: Tensor, ssim_weight: float = 0.2, balance: str = "cost",
                  fixed_cost: RowCost | None = None,
-                 max_imbalance: float = MAX_IMBALANCE) -> None:
+                 max_imbalance: float = MAX_IMBALANCE, device: str = "cpu") -> None:
         """``balance``: ``cost`` cuts rows of equal estimated cost, with ``fixed_cost``
         or else with coefficients fitted as the run goes; ``uniform`` equal row counts.
-        Shards are rebalanced when the largest exceeds the smallest by ``max_imbalance``."""
-        self.background = background
+        Shards are rebalanced when the largest exceeds the smallest by ``max_imbalance``.
+        ``device`` renders; the partition's bookkeeping stays on the host."""
+        self.background = background.to(torch.device(device))
         self.ssim_weight = ssim_weight
         self.balance = balance
         self.fixed_cost = fixed_cost
@@ -72,8 +74,8 @@ class Ranks:
         working = rows.working_set(cameras)
         splats = project(working.model, cameras, working.seen)
         splats.means2d.retain_grad()
-        work = tile_row_work(splats, cameras)
-        dist.all_reduce(work)
+        work = tile_row_work(splats, cameras).cpu()
+        collectives.all_reduce(work)
         bands = partition(work, cameras, self.world, self.row_cost())
         received, received_ints = self._exchange(splats, bands, cameras)
 
@@ -84,15 +86,16 @@ class Ranks:
         seconds = time.perf_counter() - began
         received.backward(received_grad)
         if track_stats:
-            track(rows.stats, splats, batch, working.rows[splats.gaussian_ids])
+            track(rows.stats, splats, batch,
+                  working.rows[splats.gaussian_ids.to(working.rows.device)])
         rows.gradients_taken(working)
         reports = torch.zeros(self.world, 3, dtype=torch.float64)
         reports[self.rank] = torch.tensor([*rendered_workload(work, bands[self.rank], cameras),
                                            seconds],
                                           dtype=torch.float64)
-        totals = torch.cat([loss.detach().to(torch.float64)[None], squared_errors,
+        totals = torch.cat([loss.detach().to("cpu", torch.float64)[None], squared_errors,
                             reports.view(-1)])
-        dist.all_reduce(totals)
+        collectives.all_reduce(totals)
         self.fitted_cost.add(totals[1 + len(batch):].view(self.world, 3))
         psnrs = [_psnr(float(totals[1 + c]), 3 * v.camera.width * v.camera.height)
                  for c, v in enumerate(batch)]
@@ -135,7 +138,7 @@ class Ranks:
         out = rasterize(unpack(floats, ints, band.camera, camera), camera.width,
                         camera.height, rows=(y0, y1), background=self.background)
         own = (band.rows[0] - y0, band.rows[1] - y0)
-        target = view.target_rows(y0, y1).to(out.rgb.dtype)
+        target = view.target_rows(y0, y1).to(out.rgb)
         loss = photometric_loss(out.rgb, target, self.ssim_weight, rows=own,
                                 count=3 * camera.width * camera.height)
         error = (out.rgb.detach()[own[0]:own[1]].clamp(0, 1) - target[own[0]:own[1]]) ** 2
@@ -147,7 +150,7 @@ class Ranks:
         largest exceeds the smallest by ``max_imbalance``)."""
         sizes = torch.zeros(self.world, dtype=torch.int64)
         sizes[self.rank] = len(rows.model)
-        dist.all_reduce(sizes)
+        collectives.all_reduce(sizes)
         if int(sizes.max()) <= self.max_imbalance * int(sizes.min()):
             return
         total, start = int(sizes.sum()), int(sizes[:self.rank].sum())
@@ -165,30 +168,30 @@ class Ranks:
 
     def any_rank(self, flag: bool) -> bool:
         agreed = torch.tensor([int(flag)])
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        collectives.all_reduce(agreed, collectives.MAX)
         return bool(agreed)
 
     def total(self, value: int | float) -> int | float:
         """``value`` summed over the ranks (floats in float64)."""
         summed = torch.tensor([value], dtype=torch.float64 if isinstance(value, float)
                               else torch.int64)
-        dist.all_reduce(summed)
+        collectives.all_reduce(summed)
         return summed.item()
 
     def model_parts(self, shard: GaussianModel) -> Iterator[GaussianModel]:
         """Rank 0 yields the shards in rank order, each received when its turn comes."""
         if self.rank != 0:
             rows = torch.cat([t.reshape(len(shard), -1) for t in shard.parameters().values()], 1)
-            dist.send(torch.tensor([len(shard)]), 0)
-            dist.send(rows.contiguous(), 0)
+            collectives.send(torch.tensor([len(shard)]), 0)
+            collectives.send(rows.contiguous(), 0)
             return
         yield shard
         widths = [t[0].numel() for t in shard.parameters().values()]
         for source in range(1, self.world):
             count = torch.zeros(1, dtype=torch.int64)
-            dist.recv(count, source)
+            collectives.receive(count, source)
             rows = torch.empty(int(count), sum(widths), dtype=shard.means.dtype)
-            dist.recv(rows, source)
+            collectives.receive(rows, source)
             columns = rows.split(widths, dim=1)
             yield GaussianModel(**{name: column.reshape(-1, *t.shape[1:]) for (name, t), column
                                    in zip(shard.parameters().items(), columns)},
@@ -200,8 +203,8 @@ class Ranks:
         current)."""
         working = rows.working_set([camera])
         splats = project(working.model, [camera], working.seen)
-        work = tile_row_work(splats, [camera])
-        dist.all_reduce(work)
+        work = tile_row_work(splats, [camera]).cpu()
+        collectives.all_reduce(work)
         bands = partition(work, [camera], self.world, self.row_cost())
         floats, ints = self._exchange(splats, bands, [camera])
         image = torch.zeros(camera.height, camera.width, 5, dtype=working.model.means.dtype)
@@ -210,7 +213,7 @@ class Ranks:
                             rows=band.rows, background=self.background)
             image[band.rows[0]:band.rows[1]] = torch.cat(
                 [out.rgb, out.alpha[..., None], out.depth[..., None]], dim=-1)
-        dist.all_reduce(image)  # each row comes from one rank, zeros from the others
+        collectives.all_reduce(image)  # each row comes from one rank, zeros from the others
         return RenderOutput(image[..., :3], image[..., 3], image[..., 4], (0, camera.height))
 
     def shard(self) -> tuple[int, int]:

@@ -23,8 +23,11 @@ def shard_of(model: GaussianModel, rank: int, world: int) -> GaussianModel:
 def distributed_engine(shard: GaussianModel, batch_size: int, background: Tensor,
                        ssim_weight: float = 0.2, balance: str = "cost",
                        fixed_cost: RowCost | None = None,
-                       max_imbalance: float = MAX_IMBALANCE) -> ComposedEngine:
-    """This rank's engine over its ``shard``; ``balance`` and ``fixed_cost`` as ``Ranks``
-    takes them, shards evened out past ``max_imbalance``."""
-    return ComposedEngine(ResidentRows(shard, batch_size),
-                  Ranks(background, ssim_weight, balance, fixed_cost, max_imbalance))
+                       max_imbalance: float = MAX_IMBALANCE,
+                       device: str = "cpu") -> ComposedEngine:
+    """This rank's engine over its ``shard``, held and rendered on ``device``;
+    ``balance`` and ``fixed_cost`` as ``Ranks`` takes them, shards evened out past
+    ``max_imbalance``."""
+    return ComposedEngine(ResidentRows(shard, batch_size, device),
+                          Ranks(background, ssim_weight, balance, fixed_cost, max_imbalance,
+                                device))

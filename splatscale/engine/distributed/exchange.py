@@ -12,10 +12,10 @@ back to the ranks that own the Gaussians.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 
 from splatscale.data.cameras import Camera
+from splatscale.engine.distributed import collectives
 from splatscale.engine.distributed.partition import Band, row_offsets, row_workload
 from splatscale.render import Splats
 from splatscale.step.ssim import RADIUS
@@ -39,7 +39,8 @@ def unpack(floats: Tensor, ints: Tensor, camera_index: int, camera: Camera) -> S
     mine = (ints[:, 3] == camera_index).nonzero()[:, 0]
     columns = dict(zip(FLOAT_COLUMNS, floats.index_select(0, mine).split(
         list(FLOAT_COLUMNS.values()), dim=1)))
-    return Splats(torch.zeros(len(mine), dtype=torch.int64), mine, columns["means2d"],
+    return Splats(torch.zeros(len(mine), dtype=torch.int64, device=mine.device), mine,
+                  columns["means2d"],
                   columns["conics"], columns["depths"][:, 0], ints[mine, :2].to(torch.int32),
                   columns["colors"], columns["opacities"][:, 0], ints[mine, 2], [0, len(mine)],
                   [camera])
@@ -77,7 +78,8 @@ def route(splats: Splats, bands: list[list[Band]],
             hit = ((centre[lo:hi] - radius[lo:hi] <= y1 - 0.5)
                    & (centre[lo:hi] + radius[lo:hi] >= y0 + 0.5))
             chosen.append(hit.nonzero()[:, 0] + lo)
-        rows = torch.cat(chosen) if chosen else torch.zeros(0, dtype=torch.int64)
+        rows = (torch.cat(chosen) if chosen
+                else torch.zeros(0, dtype=torch.int64, device=centre.device))
         indices.append(rows)
         counts.append(len(rows))
     return torch.cat(indices), counts
@@ -85,14 +87,14 @@ def route(splats: Splats, bands: list[list[Band]],
 
 def exchange_counts(send_counts: list[int]) -> list[int]:
     received = torch.zeros(len(send_counts), dtype=torch.int64)
-    dist.all_to_all_single(received, torch.tensor(send_counts, dtype=torch.int64))
+    collectives.all_to_all_single(received, torch.tensor(send_counts, dtype=torch.int64))
     return received.tolist()
 
 
 def all_to_all(rows: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
     """Rows ``[sum(send_counts), ...]`` out, ``[sum(recv_counts), ...]`` in (no gradient)."""
     received = rows.new_empty((sum(recv_counts), *rows.shape[1:]))
-    dist.all_to_all_single(received, rows.contiguous(), recv_counts, send_counts)
+    collectives.all_to_all_single(received, rows.contiguous(), recv_counts, send_counts)
     return received
 
 

@@ -4,8 +4,8 @@ torchrun (and Slurm through it) sets RANK, WORLD_SIZE, LOCAL_RANK,
 LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; ``--nproc``'s launcher
 (``splatscale.launch``) sets the same for N processes on this machine, so both
 paths join the group the same way. They are input, checked as any flag is. The
-backend is gloo (the exchange runs in host memory). Collectives time out, so a
-rank that dies makes the others fail rather than hang.
+backend is gloo, or NCCL for ranks each on a GPU of its own (``placement``).
+Collectives time out, so a rank that dies makes the others fail rather than hang.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Callable, TypeVar
 import torch
 import torch.distributed as dist
 
+from splatscale.engine.distributed import collectives
 from splatscale.errors import SplatscaleError, StoppedByPeer
 from splatscale.threads import usable_cores
 
@@ -96,9 +97,10 @@ def _unset(name: str, world: int | None) -> str:
 CONNECT_ATTEMPT = 1.0  # seconds one connection attempt to rank 0's store may block
 
 
-def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT) -> None:
+def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT, backend: str = "gloo") -> None:
     """Meet every rank at MASTER_ADDR:MASTER_PORT within ``timeout`` seconds, then form
-    the group; a rank that does not arrive is reported as a count, not a traceback."""
+    the group over ``backend`` (``placement``); a rank that does not arrive is reported
+    as a count, not a traceback."""
     if dist.is_initialized():
         return
     store = _store(ranks, timeout)
@@ -116,7 +118,7 @@ def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT) -> None:
             raise error
         time.sleep(0.05)
     store.set_timeout(TIMEOUT)
-    dist.init_process_group("gloo", store=store, rank=ranks.rank, world_size=ranks.world,
+    dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.world,
                             timeout=TIMEOUT)
 
 
@@ -173,7 +175,7 @@ def agreed(call: Callable[[], T], ranks: Ranks | None) -> T:
         return result
     failed = torch.zeros(ranks.world, dtype=torch.int64)
     failed[ranks.rank] = failure is not None
-    dist.all_reduce(failed)
+    collectives.all_reduce(failed)
     if failure is not None and isinstance(failure, SplatscaleError) and bool(failed.all()):
         failure.voice = "rank 0"  # every rank met it: said once, as one process says it
         raise failure

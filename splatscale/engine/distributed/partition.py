@@ -35,17 +35,20 @@ def tile_rows(camera: Camera) -> int:
 
 
 def tile_row_work(splats: Splats, cameras: Sequence[Camera]) -> Tensor:
-    """Tile intersections per (camera, tile row) of these splats, float64 [B, R_max]."""
+    """Tile intersections per (camera, tile row) of these splats, float64 [B, R_max]
+    on the splats' device."""
     most = max(tile_rows(c) for c in cameras)
     lo, hi = tile_boxes(splats.means2d, splats.radii)
-    widths = torch.tensor([-(-c.width // TILE_SIZE) for c in cameras])[splats.camera_ids]
-    heights = torch.tensor([tile_rows(c) for c in cameras])[splats.camera_ids]
+    device = lo.device
+    widths = torch.tensor([-(-c.width // TILE_SIZE) for c in cameras],
+                          device=device)[splats.camera_ids]
+    heights = torch.tensor([tile_rows(c) for c in cameras], device=device)[splats.camera_ids]
     span_x = (torch.minimum(hi[:, 0], widths) - lo[:, 0].clamp_min(0)).clamp_min(0)
     y_lo = torch.minimum(lo[:, 1].clamp_min(0), heights)
     y_hi = torch.minimum(hi[:, 1].clamp_min(0), heights)
     # A difference array per camera: +span at the first row, -span after the last.
     base = splats.camera_ids * (most + 1)
-    steps = torch.zeros(len(cameras) * (most + 1), dtype=torch.float64)
+    steps = torch.zeros(len(cameras) * (most + 1), dtype=torch.float64, device=device)
     steps.index_add_(0, base + y_lo, span_x.to(torch.float64))
     steps.index_add_(0, base + y_hi, -span_x.to(torch.float64))
     return steps.view(len(cameras), most + 1).cumsum(dim=1)[:, :most].contiguous()

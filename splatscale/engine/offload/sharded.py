@@ -20,4 +20,5 @@ def offloaded_shard_engine(shard: GaussianModel, batch_size: int, background: Te
     """This rank's engine over its ``shard``, kept in host memory (arguments as
     ``distributed_engine``'s and ``offload_engine``'s)."""
     return ComposedEngine(OffloadedRows(shard, batch_size, device, forwarding),
-                  Ranks(background, ssim_weight, balance, fixed_cost, max_imbalance))
+                          Ranks(background, ssim_weight, balance, fixed_cost, max_imbalance,
+                                device))
