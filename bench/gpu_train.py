@@ -6,17 +6,29 @@ GPU), each run alone after a warm-up:
 - snowmiku (SfM points, its images), the Trainer's own steps at B = 1 and 4;
 - ``--gaussians`` (1M) garden Gaussians seen by a garden camera, engine steps
   at B = 1 against a flat grey target (the speed of a step does not depend on
-  what the image shows).
+  what the image shows);
+- ``splatscale train`` on snowmiku with 1 and 2 ranks on the one device (two
+  ranks on one GPU talk over gloo through host memory), ``--ranks-images``
+  images at B = 2: the report's images per second, start-up excluded.
 
 ``peak_gpu_bytes`` is ``torch.cuda.max_memory_allocated`` over the timed run.
+Offloaded garden runs add the bytes copied each way per step, the rate each
+direction's copies ran at on the device, and the share of the step's time
+they took there (copies the host queued while the device computed, on the
+device's one stream, are not hidden from it).
 ``--device cpu`` runs the same script on the CPU (no peak), to check it.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import tempfile
 import time
 from functools import partial
+from pathlib import Path
 
 import torch
 
@@ -50,6 +62,9 @@ def garden_run(make_engine, gaussians: int, steps: int) -> dict:
     for _ in range(3):  # warm-up
         engine.forward_backward([view], track_stats=True)
         engine.optimizer_step(rates())
+    transfers = getattr(engine.rows, "transfers", None)
+    if transfers is not None:  # offloaded: this run's copies alone, timed
+        transfers.timed, transfers.bytes = True, dict.fromkeys(transfers.bytes, 0)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -58,7 +73,28 @@ def garden_run(make_engine, gaussians: int, steps: int) -> dict:
         engine.optimizer_step(rates())
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return {"images_per_second": round(steps / (time.perf_counter() - start), 3)}
+    seconds = time.perf_counter() - start
+    result = {"images_per_second": round(steps / seconds, 3)}
+    if transfers is not None:
+        copying = transfers.seconds()
+        for direction, moved in transfers.bytes.items():
+            result[f"{direction}_bytes_per_step"] = round(moved / steps)
+            if copying[direction]:
+                result[f"{direction}_gb_per_second"] = round(moved / copying[direction] / 1e9, 2)
+        result["copy_share_of_step"] = round(sum(copying.values()) / seconds, 3)
+    return result
+
+
+def ranks_run(device: str, nproc: int, images: int) -> dict:
+    """``splatscale train`` with ``nproc`` ranks on ``device``: its report's rate."""
+    with tempfile.TemporaryDirectory() as out:
+        subprocess.run([sys.executable, "-m", "splatscale", "train", str(DATA / "snowmiku"),
+                        "-o", out, "--device", device, "--nproc", str(nproc), "--batch-size",
+                        "2", "--iterations", str(images), "--quiet"],
+                       check=True, stdout=subprocess.DEVNULL)
+        report = json.loads((Path(out) / "report.json").read_text())
+    return {"images_per_second": round(report["images_per_second"], 3),
+            "num_gaussians": report["num_gaussians"]}
 
 
 def main() -> None:
@@ -67,6 +103,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=400, help="timed snowmiku images")
     parser.add_argument("--gaussians", type=int, default=1_000_000)
     parser.add_argument("--garden-steps", type=int, default=50)
+    parser.add_argument("--ranks-images", type=int, default=400)
     args = parser.parse_args()
     engines = {"local": partial(local_engine, device=args.device),
                "offload": partial(offload_engine, device=args.device)}
@@ -80,6 +117,10 @@ def main() -> None:
         out[f"garden_{name}"] = measured(args.device, partial(
             garden_run, make, args.gaussians, args.garden_steps))
         out[f"garden_{name}"]["gaussians"] = args.gaussians
+    for nproc in (1, 2):
+        out[f"snowmiku_ranks_{nproc}"] = ranks_run(args.device, nproc, args.ranks_images)
+    out["two_ranks_speed_vs_one"] = round(out["snowmiku_ranks_2"]["images_per_second"]
+                                          / out["snowmiku_ranks_1"]["images_per_second"], 3)
     emit(out)
 
 

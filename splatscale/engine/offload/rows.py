@@ -32,6 +32,7 @@ from splatscale.data.cameras import Camera
 from splatscale.engine.offload.culling import DeviceGeometry, candidates
 from splatscale.engine.offload.host_adam import DeferredAdam
 from splatscale.engine.offload.pipeline import Update, UpdatePipeline
+from splatscale.engine.offload.transfers import Transfers
 from splatscale.engine.rows import (WorkingSet, load_rows_state, rows_state, zero_stats)
 from splatscale.engine.state import EngineState
 from splatscale.model.gaussians import GaussianModel
@@ -48,6 +49,7 @@ class OffloadedRows:
         """``forwarding`` None: on when the device is not the host's CPU. On a CPU the
         two halves share the cores, so overlapping them only adds contention."""
         self.device = torch.device(device)
+        self.transfers = Transfers(self.device)
         self.model = model.to(device="cpu").requires_grad_(True)
         self.optimizer = GaussianAdam(self.model.parameters(), batch_size)
         self.stats = zero_stats(self.model)
@@ -72,11 +74,11 @@ class OffloadedRows:
         their visibility: the cull, the forwarded values, the exact test."""
         rows = self.candidates(cameras)
         values = self.current(rows)
-        tested = {n: values[n].to(self.device) for n in EXACT_TEST}
+        tested = {n: self.transfers.upload(values[n]) for n in EXACT_TEST}
         seen = visibility(self._model({**values, **tested}, rows), cameras)
         kept = seen.visible.any(dim=0).nonzero()[:, 0]
-        on_device = {n: tested[n][kept] if n in tested else values[n][kept.cpu()].to(self.device)
-                     for n in values}
+        on_device = {n: tested[n][kept] if n in tested
+                     else self.transfers.upload(values[n][kept.cpu()]) for n in values}
         measured = {"host_to_device_bytes": sum(t.nbytes for t in tested.values())
                     + sum(on_device[n].nbytes for n in on_device if n not in tested),
                     "candidates": len(rows), "visible": len(kept)}
@@ -88,18 +90,19 @@ class OffloadedRows:
         """Rows the batch may see, by the device's lagging geometry and drift bound."""
         since = self.geometry.updated_at.cpu().to(torch.int64)
         maybe = candidates(self.geometry.means, self.geometry.log_scales,
-                           self.host_adam.reach("means", since).to(self.device),
-                           self.host_adam.reach("log_scales", since).to(self.device), cameras)
+                           self.transfers.upload(self.host_adam.reach("means", since)),
+                           self.transfers.upload(self.host_adam.reach("log_scales", since)),
+                           cameras)
         return maybe.nonzero()[:, 0].cpu()
 
     def gradients_taken(self, working: WorkingSet) -> None:
-        self.pending = Update(working.rows, {
-            n: (p.grad if p.grad is not None else torch.zeros_like(p)).cpu()
-            for n, p in working.model.parameters().items()})
+        self.pending = Update(working.rows, self.transfers.download({
+            n: p.grad if p.grad is not None else torch.zeros_like(p)
+            for n, p in working.model.parameters().items()}))
 
     def _model(self, values: dict[str, Tensor], rows: Tensor) -> GaussianModel:
         return GaussianModel(**values, sh_degree=self.model.sh_degree,
-                             keys=self.model.keys[rows].to(self.device))
+                             keys=self.transfers.upload(self.model.keys[rows]))
 
     def current(self, rows: Tensor) -> dict[str, Tensor]:
         """``rows`` as dense training has them now, the master arrays untouched."""
@@ -144,10 +147,10 @@ class OffloadedRows:
 
     def _refresh_geometry(self, rows: Tensor) -> None:
         """The device's geometry of ``rows``, just made current on the host."""
-        on_device = rows.to(self.device)
+        on_device = self.transfers.upload(rows)
         for name in GEOMETRY:
             getattr(self.geometry, name).index_copy_(
-                0, on_device, getattr(self.model, name).detach()[rows].to(self.device))
+                0, on_device, self.transfers.upload(getattr(self.model, name).detach()[rows]))
         self.geometry.updated_at[on_device] = self.host_adam.step_count
 
     def _settle(self) -> None:
