@@ -1,41 +1,76 @@
 #!/usr/bin/env bash
-# On a machine with an NVIDIA GPU and CUDA's compiler, without network: install
-# splatscale and gsplat from the wheels in .whl/ (a CUDA build of torch among
-# them), run the gpu tests and the GPU benchmarks, and write the logs and one
-# JSON summary to $OUT (./gpu_out when unset): the gpu tests (the cuda backend
-# against the cpu one, a 600-image run against the CPU's PSNR), our render
-# against gsplat's rasterization() (bench/gpu_render.py), training speed and
-# peak GPU memory of the local and offload engines (bench/gpu_train.py). Stops
-# at the first step that cannot run, saying which, with its log kept.
+# The whole GPU check, for a machine with an NVIDIA GPU and CUDA's compiler but no
+# network, in under 9 minutes: install what the machine lacks from the wheels in
+# .whl/ (bench/gpu_wheels.sh fetches them), build gsplat's kernels for this GPU
+# alone, run the gpu tests, our render against gsplat's rasterization()
+# (bench/gpu_render.py) and training speed and memory (bench/gpu_train.py: local,
+# offloaded, 2 ranks on the one GPU). It writes four files to $OUT (./gpu_out
+# when unset): summary.json (every figure, each stage's seconds and outcome),
+# gpu_check.log (every stage's output), gpu_render.json and gpu_train.json. It
+# stops at the first stage that fails, saying which in one line.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT="${OUT:-./gpu_out}"
-mkdir -p "$OUT"
-summary() { printf '{"stage": "%s", "ok": %s}\n' "$1" "$2" > "$OUT/summary.json"; }
-step() {  # step NAME COMMAND...: run it, log it, stop the script if it fails
-    local name="$1"; shift
+mkdir -p "${OUT:-./gpu_out}"
+OUT="$(cd "${OUT:-./gpu_out}" && pwd)"
+SITE="${SITE:-/tmp/splatscale-site}"  # the wheels, installed apart from the image's own
+LOG="$OUT/gpu_check.log"
+: > "$LOG"
+STAGES="$OUT/.stages"  # name seconds exit-status, a line each; folded into summary.json
+: > "$STAGES"
+
+summarise() {
+    python3 - "$OUT" "$STAGES" <<'PY'
+import json, pathlib, sys
+out, stages = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+summary = {"stages": {}}
+for line in stages.read_text().splitlines():
+    name, seconds, status = line.split()
+    summary["stages"][name] = {"seconds": float(seconds), "ok": status == "0"}
+summary["ok"] = all(stage["ok"] for stage in summary["stages"].values())
+for name in ("gpu_render", "gpu_train"):
+    path = out / f"{name}.json"
+    if path.is_file() and path.stat().st_size:
+        summary[name] = json.loads(path.read_text().splitlines()[-1])
+tests = [line for line in (out / "gpu_check.log").read_text().splitlines()
+         if " passed" in line or " failed" in line]
+if tests:
+    summary["gpu_tests"] = tests[-1].strip("= ")
+(out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+stages.unlink()
+print(json.dumps(summary))
+PY
+}
+
+stage() {  # stage NAME LIMIT COMMAND...: run it within LIMIT seconds, logged and timed
+    local name="$1" limit="$2"
+    shift 2
     echo "gpu_check: $name" >&2
-    if ! "$@" > "$OUT/$name.log" 2>&1; then
-        echo "gpu_check: $name failed, see $OUT/$name.log" >&2
-        summary "$name" false
+    echo "=== $name: $*" >> "$LOG"
+    local start=$SECONDS
+    timeout "$limit" "$@" >> "$LOG" 2>&1
+    local status=$?
+    echo "$name $((SECONDS - start)) $status" >> "$STAGES"
+    if [ "$status" -ne 0 ]; then
+        echo "gpu_check: $name failed (exit $status$([ "$status" -eq 124 ] && echo ", over ${limit} s")); see $LOG" >&2
+        summarise > /dev/null
         exit 1
     fi
 }
-step install pip install --no-index --find-links .whl -e ".[test,cuda]"
-step cuda python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA device')"
-# gsplat compiles its kernels on first use (minutes on 16 cores); say so, then cache them.
-echo "gpu_check: compiling gsplat's CUDA kernels (first use only)" >&2
-export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
-step compile python -c "from gsplat.cuda._backend import _C; assert _C is not None"
-step gpu_tests python -m pytest -m gpu -q
-step gpu_render sh -c "python bench/gpu_render.py > '$OUT/gpu_render.json'"
-step gpu_train sh -c "python bench/gpu_train.py > '$OUT/gpu_train.json'"
-python - "$OUT" <<'PY'
-import json, pathlib, sys
-out = pathlib.Path(sys.argv[1])
-summary = {"stage": "done", "ok": True,
-           **{name: json.loads((out / f"{name}.json").read_text())
-              for name in ("gpu_render", "gpu_train")}}
-(out / "summary.json").write_text(json.dumps(summary) + "\n")
-print(json.dumps(summary))
-PY
+
+# Each stage's limit keeps the whole within a 10-minute command.
+stage install 45 sh -c "python3 -m pip install -q --no-index --no-deps --no-compile \
+    --no-cache-dir --upgrade --target '$SITE' .whl/*.whl \
+    && PYTHONPATH='$SITE' python3 -m pip install -q --no-index --no-deps \
+    --no-build-isolation -e ."
+export PYTHONPATH="$SITE"
+stage imports 20 python3 -c "import numba, gsplat, torch; assert torch.cuda.is_available(), 'torch sees no CUDA device'"
+# gsplat compiles all its sources on first use: for this GPU's architecture alone,
+# on every core.
+TORCH_CUDA_ARCH_LIST="$(python3 -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability())')"
+export TORCH_CUDA_ARCH_LIST MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+stage build 270 python3 -c "from gsplat.cuda._backend import _C; assert _C is not None"
+stage gpu_tests 130 python3 -m pytest -m gpu -q -p no:cacheprovider
+stage gpu_render 40 sh -c "python3 bench/gpu_render.py > '$OUT/gpu_render.json'"
+stage gpu_train 90 sh -c "python3 bench/gpu_train.py --images 200 --garden-steps 30 \
+    --ranks-images 200 > '$OUT/gpu_train.json'"
+summarise
