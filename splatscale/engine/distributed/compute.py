@@ -79,11 +79,11 @@ class Ranks:
         bands = partition(work, cameras, self.world, self.row_cost())
         received, received_ints = self._exchange(splats, bands, cameras)
 
-        began = time.perf_counter()
+        began = self._clock()
         loss, squared_errors = self._own_loss(batch, bands[self.rank], received, received_ints)
         # The own bands' backward first, timed: the rest waits for the other ranks.
         received_grad, = torch.autograd.grad(loss, received)
-        seconds = time.perf_counter() - began
+        seconds = self._clock() - began
         received.backward(received_grad)
         if track_stats:
             track(rows.stats, splats, batch,
@@ -101,6 +101,13 @@ class Ranks:
                  for c, v in enumerate(batch)]
         return StepResult(float(totals[0]), sum(psnrs) / len(psnrs),
                           {**working.measured, "bands": bands, "render_seconds": seconds})
+
+    def _clock(self) -> float:
+        """Seconds, once the device has done what was asked of it (a GPU runs behind
+        the host)."""
+        if self.background.device.type == "cuda":
+            torch.cuda.synchronize(self.background.device)
+        return time.perf_counter()
 
     def _own_loss(self, batch: list[TrainView], bands: list[Band], floats: Tensor,
                   ints: Tensor) -> tuple[Tensor, Tensor]:
