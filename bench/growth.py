@@ -5,8 +5,10 @@ memory, ``VmHWM``, is its own):
 
 - ``gaussians``: one training step of the local engine (forward, backward,
   Adam, densification statistics) at B = 1 on a garden view of ``--megapixels``,
-  for models of ``--gaussian-counts`` (the garden splats, each copied with a
-  jitter of its nearest-neighbour distance, 3DGS initialisation). Per point: the
+  for models of ``--gaussian-counts`` (``scenes.garden_scene``: a random choice
+  of the garden splats' points below their 138,766, all of them and jittered
+  copies above; 3DGS initialisation, so the denser the model, the smaller its
+  Gaussians). Per point: the
   median step seconds after a warm-up step, and the process' peak resident
   bytes over the timed steps (the model, its Adam state and the step).
 - ``pixels``: the same at ``--model-gaussians`` for views of ``--pixel-counts``

@@ -19,7 +19,7 @@ from splatscale.data.images import ImageStore, write_png
 from splatscale.data.scene import Scene
 from splatscale.engine.distributed import distributed_engine, group, shard_of
 from splatscale.engine.distributed.cost_model import RowCost
-from splatscale.engine.distributed.placement import Placement, placement
+from splatscale.engine.distributed.placement import Placement, chosen_backend, rank_device
 from splatscale.engine.engine import ComposedEngine
 from splatscale.engine.local import local_engine
 from splatscale.engine.offload import offload_engine
@@ -80,29 +80,27 @@ def _check_flags(args: Namespace) -> None:
             raise SplatscaleError(f"{flag}: only with --viewer")
 
 
-def _check_device(args: Namespace, ranks: group.Ranks | None) -> Placement | None:
-    """--device cuda: a GPU torch can see, gsplat's kernels built. With several ranks
-    (this process' ranks, or those --nproc starts), where this one computes and how
-    the ranks talk."""
+def _check_device(args: Namespace, ranks: group.Ranks | None) -> None:
+    """--device cuda: a GPU torch can see, gsplat's kernels built. With several ranks,
+    a --comm that cannot work is refused here where it can be (for --nproc's ranks,
+    which share this machine's GPUs; torchrun's agree on it as they join)."""
     several = ranks is not None or args.nproc > 1
     if args.comm is not None and not several:
         raise SplatscaleError(f"--comm {args.comm}: chooses how several ranks talk "
                               "(--nproc N, or torchrun); drop it to train alone")
-    if args.device == "cuda":
-        _check_cuda()
-    if not several:
-        return None
-    local_rank, local_world = (ranks.local_rank, ranks.local_world) if ranks else (0, args.nproc)
-    gpus = torch.cuda.device_count() if args.device == "cuda" else 0
-    return placement(args.device, local_rank, local_world, gpus, args.comm)
-
-
-def _check_cuda() -> None:
+    if args.device == "cpu":
+        if several:
+            chosen_backend("cpu", False, args.comm)
+        return
     if not torch.cuda.is_available():
         raise SplatscaleError(f"--device cuda: torch {torch.__version__} sees no CUDA device"
                               f" (its CUDA build: {torch.version.cuda or 'none'}); install a "
                               "CUDA build of torch on a machine with an NVIDIA GPU, or train "
                               "with --device cpu")
+    if several:
+        local_world = ranks.local_world if ranks else args.nproc
+        chosen_backend("cuda", ranks is None and local_world > torch.cuda.device_count(),
+                       args.comm)
     cuda_backend.load_kernels()
 
 
@@ -154,11 +152,11 @@ def train(args: Namespace) -> int | None:
     and holds the lock while N local ranks, each this command, train."""
     ranks = group.from_environment()
     _check_flags(args)
-    where = _check_device(args, ranks)
+    _check_device(args, ranks)
     if args.nproc > 1 and ranks is None:
         return _launch(args)
     _share_cores(args, ranks)
-    _train(args, ranks, where, holds_lock=launch.launched())
+    _train(args, ranks, holds_lock=launch.launched())
     return None
 
 
@@ -188,19 +186,21 @@ def _share_cores(args: Namespace, ranks: group.Ranks | None) -> None:
         use_threads(group.threads_per_rank(ranks.local_world))
 
 
-def _train(args: Namespace, ranks: group.Ranks | None, where: Placement | None,
-           holds_lock: bool = False) -> None:
+def _train(args: Namespace, ranks: group.Ranks | None, holds_lock: bool = False) -> None:
     """Check everything (every rank, then agree), then write and train."""
     writes = ranks is None or ranks.rank == 0
     with ExitStack() as resources:
+        where = None
         if ranks is not None:
             resources.callback(group.leave)
-            if where.device != "cpu":
-                torch.cuda.set_device(where.device)
-                notice(where.describe(ranks.local_world))
-            group.join(ranks, args.join_timeout, where.comm)
+            device = rank_device(args.device, ranks.local_rank)
+            if device != "cpu":
+                torch.cuda.set_device(device)
+            where = group.join(ranks, args.join_timeout, device, args.comm)
 
         def prepare() -> tuple[Trainer, dict, Watcher | None]:
+            if where is not None and where.device != "cpu":
+                notice(where.describe(ranks.world))
             if writes and not holds_lock:
                 resources.enter_context(RunFolder(args.output).lock())
             server = (resources.enter_context(_served(args.host, args.port))

@@ -3,43 +3,77 @@ collectives' staging of buffers the backend cannot use in place."""
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from splatscale.engine.distributed import collectives
-from splatscale.engine.distributed.placement import placement
-from splatscale.errors import SplatscaleError
+from splatscale.engine.distributed import collectives, group
+from splatscale.engine.distributed.placement import Placement, PlacementError, chosen_backend
+from splatscale.errors import lost_peer
 from tests.test_distributed import join
 
 
 def test_ranks_on_cpus_talk_over_gloo():
-    where = placement("cpu", 1, 2, gpus=0)
-    assert (where.device, where.comm) == ("cpu", "gloo")
-    with pytest.raises(SplatscaleError, match="--comm nccl: NCCL joins GPUs"):
-        placement("cpu", 0, 2, gpus=0, comm="nccl")
+    assert chosen_backend("cpu", shared=False) == "gloo"
+    with pytest.raises(PlacementError, match="--comm nccl: NCCL joins GPUs"):
+        chosen_backend("cpu", False, comm="nccl")
 
 
-def test_ranks_sharing_a_gpu_stage_through_host_memory():
-    where = [placement("cuda", rank, 2, gpus=1) for rank in range(2)]
-    assert [(w.device, w.comm) for w in where] == [("cuda:0", "gloo")] * 2
-    assert where[0].describe(2) == ("2 ranks on this machine, sharing 1 GPU, collectives "
-                                    "over gloo through host memory")
-    with pytest.raises(SplatscaleError, match="would share its 1 GPU, which NCCL refuses"):
-        placement("cuda", 0, 2, gpus=1, comm="nccl")
-    assert placement("cuda", 3, 4, gpus=2).device == "cuda:1"
-
-
-def test_ranks_each_on_a_gpu_talk_over_nccl(monkeypatch):
+def test_ranks_sharing_a_gpu_talk_over_gloo(monkeypatch):
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
-    where = placement("cuda", 1, 2, gpus=2)
-    assert (where.device, where.comm) == ("cuda:1", "nccl")
-    assert "each on a GPU of its own, collectives over NCCL" in where.describe(2)
-    assert placement("cuda", 1, 2, gpus=2, comm="gloo").comm == "gloo"
+    assert chosen_backend("cuda", shared=True) == "gloo"
+    with pytest.raises(PlacementError, match="some ranks would share a GPU, which NCCL"):
+        chosen_backend("cuda", True, comm="nccl")
+    assert Placement("cuda:0", "gloo", shared=True).describe(2) == (
+        "2 ranks, some sharing a GPU, collectives over gloo through host memory")
+
+
+def test_ranks_each_on_a_gpu_talk_over_nccl_where_torch_has_it(monkeypatch):
+    monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
+    assert chosen_backend("cuda", shared=False) == "nccl"
+    assert chosen_backend("cuda", False, comm="gloo") == "gloo"
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
-    with pytest.raises(SplatscaleError, match="no NCCL; use --comm gloo"):
-        placement("cuda", 1, 2, gpus=2)
+    assert chosen_backend("cuda", shared=False) == "gloo"
+    with pytest.raises(PlacementError, match="no NCCL; use --comm gloo"):
+        chosen_backend("cuda", False, comm="nccl")
+
+
+def joining_rank(rank: int, world: int, port: int, identities: list[str], comm,
+                 out_file: str) -> None:
+    """Join as the CLI does, on a GPU whose identity is ``identities[rank]``."""
+    group.gpu_identity = lambda device: identities[rank]
+    ranks = group.Ranks(rank, world, rank, world, "127.0.0.1", port)
+    try:
+        outcome = group.join(ranks, 30.0, "cuda:0", comm)
+    except PlacementError as error:
+        outcome = str(error)
+    except Exception as error:  # noqa: BLE001 - rank 0, refusing, took its store away
+        assert rank > 0 and lost_peer(error), error
+        outcome = "lost rank 0"
+    torch.save(outcome, f"{out_file}.{rank}")
+    group.leave()
+
+
+@pytest.mark.parametrize("identities, comm, want", [
+    (["GPU-a", "GPU-a"], None, Placement("cuda:0", "gloo", shared=True)),
+    (["GPU-a", "GPU-a"], "nccl", "--comm nccl: some ranks would share a GPU"),
+    (["GPU-a", "GPU-b"], "gloo", Placement("cuda:0", "gloo", shared=False)),
+])
+def test_the_ranks_choose_alike_from_every_rank_s_gpu(tmp_path, identities, comm, want):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "outcome"
+    mp.spawn(joining_rank, args=(2, port, identities, comm, str(out)), nprocs=2)
+    outcomes = [torch.load(f"{out}.{rank}", weights_only=False) for rank in range(2)]
+    if isinstance(want, str):  # refused: rank 0 says why; the others may lose it first
+        assert want in outcomes[0]
+        assert want in outcomes[1] or outcomes[1] == "lost rank 0"
+    else:
+        assert outcomes == [want, want]
 
 
 def staged_rank(rank: int, world: int, init_file: str, out_file: str) -> None:

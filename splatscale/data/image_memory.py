@@ -66,10 +66,12 @@ class ImageMemory:
             image = _read(raw, shape)
         else:
             image = torch.from_numpy(self.decode(index))
-        if self._has_room(image.nbytes):
-            self.kept[index] = image
-            self.kept_bytes += image.nbytes
-        elif not on_disk:
+        with self._lock:  # the viewer's thread reads images too
+            keep = self._has_room(image.nbytes) and index not in self.kept
+            if keep:
+                self.kept[index] = image
+                self.kept_bytes += image.nbytes
+        if not keep and not on_disk:
             _write(image.numpy(), raw)
         return image if rows is None else image[rows[0]:rows[1]]
 
@@ -78,8 +80,8 @@ class ImageMemory:
 
     def read_ahead(self, indices: list[int]) -> None:
         """Start reading the raw files of the images ``indices`` that are neither kept
-        nor being read. Reads asked for by the call before this one and not used since
-        are dropped (a rank uses only the images whose rows it renders)."""
+        nor being read. Reads asked for two calls ago or earlier and not used since are
+        dropped: each call asks for the batch after the one about to be used."""
         with self._lock:
             for index in set(self._ahead) - self._asked_before - set(indices):
                 self._ahead.pop(index).cancel()

@@ -62,7 +62,7 @@ class TrainView:
     def __init__(self, camera: Camera, target: Tensor | None = None,
                  read: Callable[[tuple[int, int] | None], Tensor] | None = None) -> None:
         if (target is None) == (read is None):
-            raise ValueError("TrainView: give a target or a way to read it, not both")
+            raise ValueError("TrainView: give either a target or a way to read it")
         self.camera, self._target, self._read = camera, target, read
 
     @property

@@ -148,10 +148,12 @@ class Trainer:
         if crosses(before, after, c.sh_degree_interval) and self.sh_degree < c.sh_degree:
             self.sh_degree += 1
             engine.set_sh_degree(self.sh_degree)
-        # Read when an engine asks: a rank reads only the images whose rows it renders.
+        # Read when an engine asks: a rank reads only the rows it renders, so only one
+        # process reads the next batch's whole images ahead.
         batch = [TrainView(self.store.camera(i), read=partial(self.store.as_float, i))
                  for i in self._next_batch()]
-        self.store.read_ahead(self.queue[-c.batch_size:])  # the next batch, where queued
+        if engine.shard()[1] == 1:
+            self.store.read_ahead(self.queue[-c.batch_size:])  # the next batch, where queued
         strategy = self.strategy
         result = engine.forward_backward(batch, strategy.tracks_stats(after),
                                          strategy.regularisers)

@@ -17,7 +17,8 @@ SUM, MAX = dist.ReduceOp.SUM, dist.ReduceOp.MAX
 
 
 def buffer_device() -> torch.device:
-    """Where the process group's backend reads and writes collective buffers."""
+    """Where the process group's backend reads and writes collective buffers: with
+    NCCL the current CUDA device (each rank sets its own before joining)."""
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -29,6 +30,15 @@ def _staged(tensor: Tensor) -> Tensor:
     if tensor.device == device and tensor.is_contiguous():
         return tensor
     return tensor.to(device).contiguous()
+
+
+def _receiving(tensor: Tensor) -> Tensor:
+    """Where the backend can write what ``tensor`` is to receive: itself, or an empty
+    buffer of its shape there."""
+    device = buffer_device()
+    if tensor.device == device and tensor.is_contiguous():
+        return tensor
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
 
 
 def _returned(staged: Tensor, tensor: Tensor) -> None:
@@ -46,7 +56,7 @@ def all_reduce(tensor: Tensor, op: dist.ReduceOp = SUM) -> None:
 def all_to_all_single(output: Tensor, rows: Tensor, output_counts: list[int] | None = None,
                       input_counts: list[int] | None = None) -> None:
     """``torch.distributed.all_to_all_single``, into ``output``."""
-    staged = _staged(output)
+    staged = _receiving(output)
     dist.all_to_all_single(staged, _staged(rows), output_counts, input_counts)
     _returned(staged, output)
 
@@ -57,6 +67,6 @@ def send(tensor: Tensor, destination: int) -> None:
 
 def receive(tensor: Tensor, source: int) -> None:
     """Into ``tensor``, from rank ``source``."""
-    staged = _staged(tensor)
+    staged = _receiving(tensor)
     dist.recv(staged, source)
     _returned(staged, tensor)

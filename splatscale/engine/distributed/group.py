@@ -5,7 +5,9 @@ LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT; ``--nproc``'s launcher
 (``splatscale.launch``) sets the same for N processes on this machine, so both
 paths join the group the same way. They are input, checked as any flag is. The
 backend is gloo, or NCCL for ranks each on a GPU of its own (``placement``).
-Collectives time out, so a rank that dies makes the others fail rather than hang.
+Collectives time out, so a rank that dies makes the others stop rather than hang:
+over gloo with an error each reports in one line; over NCCL its watchdog ends
+the process, in its own words.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from splatscale.engine.distributed import collectives
+from splatscale.engine.distributed.placement import Placement, chosen_backend, gpu_identity
 from splatscale.errors import SplatscaleError, StoppedByPeer
 from splatscale.threads import usable_cores
 
@@ -97,14 +100,17 @@ def _unset(name: str, world: int | None) -> str:
 CONNECT_ATTEMPT = 1.0  # seconds one connection attempt to rank 0's store may block
 
 
-def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT, backend: str = "gloo") -> None:
-    """Meet every rank at MASTER_ADDR:MASTER_PORT within ``timeout`` seconds, then form
-    the group over ``backend`` (``placement``); a rank that does not arrive is reported
+def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT, device: str = "cpu",
+         comm: str | None = None) -> Placement:
+    """Meet every rank at MASTER_ADDR:MASTER_PORT within ``timeout`` seconds, this one
+    computing on ``device``, then form the group over the backend they all choose
+    (``placement``, ``comm`` if it can work); a rank that does not arrive is reported
     as a count, not a traceback."""
     if dist.is_initialized():
-        return
+        return Placement(device, str(dist.get_backend()), shared=False)
     store = _store(ranks, timeout)
     store.set(f"rank{ranks.rank}", "joined")
+    store.set(f"gpu{ranks.rank}", gpu_identity(device))
     store.add("joined", 1)
     deadline = time.monotonic() + timeout
     while (joined := store.add("joined", 0)) < ranks.world:
@@ -117,9 +123,13 @@ def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT, backend: str = "gloo") -> 
                 error.voice = "self"  # rank 0 is missing: nobody else would say it
             raise error
         time.sleep(0.05)
+    gpus = {store.get(f"gpu{rank}") for rank in range(ranks.world)}
+    shared = device != "cpu" and len(gpus) < ranks.world
+    backend = chosen_backend(device, shared, comm)
     store.set_timeout(TIMEOUT)
     dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.world,
                             timeout=TIMEOUT)
+    return Placement(device, backend, shared)
 
 
 def _store(ranks: Ranks, timeout: float) -> dist.Store:

