@@ -29,12 +29,23 @@ def rank_step(rank: int, world: int, init_file: str, out_file: str, engine: str,
     shard = shard_of(model, rank, world)
     step = ENGINES[engine](shard, BATCH, torch.zeros(3), device=device)
     result = step.forward_backward(views[:BATCH], track_stats=True)
+    assert_on(step, device)
     grads = {n: gather_rows(p.grad.cpu()) for n, p in step.rows.model.parameters().items()
              if p.grad is not None} if engine == "distributed" else step_gradients(step)
     keys = gather_rows(step.rows.model.keys.cpu())
     if rank == 0:
         torch.save((result.loss, by_key(keys, grads)), out_file)
     dist.destroy_process_group()
+
+
+def assert_on(engine, device: str) -> None:
+    """The engine holds, or computes, on ``device``: not quietly on the host."""
+    kind = torch.device(device).type
+    if hasattr(engine.rows, "transfers"):  # offloaded: the geometry and each step's rows
+        assert engine.rows.geometry.means.device.type == kind
+        assert engine.rows.transfers.bytes["host_to_device"] > 0
+    else:
+        assert {p.device.type for p in engine.rows.model.parameters().values()} == {kind}
 
 
 def step_gradients(engine) -> dict:
@@ -90,6 +101,7 @@ def offload_against_local(device: str, forwarding: bool | None = None) -> None:
                   for name, e in engines.items()}
         assert losses["offload"] == pytest.approx(losses["local"], rel=1e-5), step
         for engine in engines.values():
+            assert_on(engine, device)
             engine.optimizer_step(rates)
     parts = {name: next(e.model_parts()) for name, e in engines.items()}
     for name in model.PARAMETERS:
