@@ -24,20 +24,14 @@ def buffer_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _staged(tensor: Tensor) -> Tensor:
-    """``tensor`` itself where the backend can use it, else a contiguous copy there."""
+def _staged(tensor: Tensor, filled: bool = True) -> Tensor:
+    """``tensor`` itself where the backend can use it in place, else a contiguous buffer
+    there: a copy of it, or (not ``filled``) an empty one, for what is to be received."""
     device = buffer_device()
     if tensor.device == device and tensor.is_contiguous():
         return tensor
-    return tensor.to(device).contiguous()
-
-
-def _receiving(tensor: Tensor) -> Tensor:
-    """Where the backend can write what ``tensor`` is to receive: itself, or an empty
-    buffer of its shape there."""
-    device = buffer_device()
-    if tensor.device == device and tensor.is_contiguous():
-        return tensor
+    if filled:
+        return tensor.to(device).contiguous()
     return torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
 
 
@@ -56,7 +50,7 @@ def all_reduce(tensor: Tensor, op: dist.ReduceOp = SUM) -> None:
 def all_to_all_single(output: Tensor, rows: Tensor, output_counts: list[int] | None = None,
                       input_counts: list[int] | None = None) -> None:
     """``torch.distributed.all_to_all_single``, into ``output``."""
-    staged = _receiving(output)
+    staged = _staged(output, filled=False)
     dist.all_to_all_single(staged, _staged(rows), output_counts, input_counts)
     _returned(staged, output)
 
@@ -67,6 +61,6 @@ def send(tensor: Tensor, destination: int) -> None:
 
 def receive(tensor: Tensor, source: int) -> None:
     """Into ``tensor``, from rank ``source``."""
-    staged = _receiving(tensor)
+    staged = _staged(tensor, filled=False)
     dist.recv(staged, source)
     _returned(staged, tensor)
