@@ -62,12 +62,20 @@ def _store(args: Namespace, scene, white_background: bool = False,
                        memory_budget=budget)
     decoded = store.decoded_bytes()
     if decoded > budget:
-        share = (f", {budget / 2 ** 30:.1f} GiB for each of {local_ranks} ranks"
+        share = (f", {_size_text(budget)} for each of {local_ranks} ranks"
                  if local_ranks > 1 else "")
-        notice(f"the images take {decoded / 2 ** 30:.1f} GiB decoded, more than --image-memory "
-               f"({machine / 2 ** 30:.1f} GiB{share}): the rest are read from raw copies in "
+        notice(f"the images take {_size_text(decoded)} decoded, more than --image-memory "
+               f"({_size_text(machine)}{share}): the rest are read from raw copies in "
                f"{store.cache_dir}")
     return store
+
+
+def _size_text(size: int) -> str:
+    """``size`` bytes in GiB, MiB or KiB, whichever reads as a number of at least 1."""
+    for unit, power in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if size >= 2 ** power:
+            return f"{size / 2 ** power:.1f} {unit}"
+    return f"{size} bytes"
 
 
 def _check_flags(args: Namespace) -> None:
