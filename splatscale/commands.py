@@ -51,15 +51,16 @@ def _scene(args: Namespace):
 
 
 def _store(args: Namespace, scene, white_background: bool = False,
-           local_ranks: int = 1) -> ImageStore:
-    """The scene's images, as many kept in memory as --image-memory allows, shared
-    equally by the ``local_ranks`` processes of this machine (saying so when that is
-    not all of them)."""
+           local: tuple[int, int] = (0, 1)) -> ImageStore:
+    """The scene's images for rank ``local[0]`` of the ``local[1]`` processes of this
+    machine: as many kept in memory as its equal share of --image-memory allows
+    (saying so when that is not all of them), its share of them decoded first."""
+    local_ranks = local[1]
     background = (1.0, 1.0, 1.0) if white_background else scene.background
     machine = default_budget() if args.image_memory is None else args.image_memory
     budget = machine // local_ranks
     store = ImageStore(scene, args.resolution, args.max_width, args.cache_dir, background,
-                       memory_budget=budget)
+                       memory_budget=budget, decode_share=local)
     decoded = store.decoded_bytes()
     if decoded > budget:
         share = (f", {_size_text(budget)} for each of {local_ranks} ranks"
@@ -183,9 +184,8 @@ def _checked_inputs(args: Namespace, ranks: group.Ranks | None = None) -> Inputs
     folder.check(args.resume, args.overwrite)
     config = _resumed_config(args, folder.checkpoint) if args.resume else _new_config(args)
     scene = _scene(args)
-    local_ranks = ranks.local_world if ranks else 1
-    return Inputs(folder, config, scene,
-                  _store(args, scene, config.white_background, local_ranks))
+    local = (ranks.local_rank, ranks.local_world) if ranks else (0, 1)
+    return Inputs(folder, config, scene, _store(args, scene, config.white_background, local))
 
 
 def _share_cores(args: Namespace, ranks: group.Ranks | None) -> None:

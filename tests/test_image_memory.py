@@ -50,13 +50,15 @@ def test_a_budget_changes_where_images_are_not_what_they_are(demo, tmp_path):
         assert torch.equal(again.image(i, rows=(5, 9)), whole.image(i)[5:9])
 
 
-def test_the_ranks_of_one_machine_share_its_budget(demo, tmp_path, capsys):
+def test_the_ranks_of_one_machine_share_its_budget_and_decoding(demo, tmp_path, capsys):
     image_bytes = ImageStore(demo).decoded_bytes() // len(demo.views)
     args = Namespace(image_memory=20 * image_bytes, resolution=1, max_width=None,
                      cache_dir=tmp_path)
-    store = _store(args, demo, local_ranks=4)
+    store = _store(args, demo, local=(1, 4))
     assert store.memory.budget == 5 * image_bytes
     assert "for each of 4 ranks" in capsys.readouterr().err
+    store.check(decode=True)  # this rank's share of the decoding: every 4th from the 2nd
+    assert sorted(store.memory.kept) == [1, 5, 9, 13, 17]
 
 
 def test_reads_ahead_not_used_by_the_next_step_are_dropped(demo, tmp_path):

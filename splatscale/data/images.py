@@ -86,17 +86,21 @@ class ImageStore:
     caps the width. Undistorted and downscaled copies are written once under
     ``cache_dir`` and read from there afterwards. Decoded images stay in memory as
     uint8 up to ``memory_budget`` bytes (None: all of them); the others are kept
-    as raw files under ``cache_dir`` (``image_memory.py``).
+    as raw files under ``cache_dir`` (``image_memory.py``). ``decode_share`` (r, n):
+    ``check`` decodes every n-th image from the r-th, so that the n ranks of one
+    machine decode the images between them into the cache they share.
     """
 
     def __init__(self, scene: Scene, resolution: int = 1, max_width: int | None = None,
                  cache_dir: Path | None = None, background=(0.0, 0.0, 0.0),
-                 memory_budget: int | None = None) -> None:
+                 memory_budget: int | None = None,
+                 decode_share: tuple[int, int] = (0, 1)) -> None:
         if resolution not in (1, 2, 4, 8):
             raise ValueError(f"resolution must be 1, 2, 4 or 8, got {resolution}")
         self.scene = scene
         self.background = tuple(float(c) for c in background)
         self.memory = ImageMemory(memory_budget, self._raw, self._load)
+        self.decode_share = decode_share
         self._cameras = [self._scaled(v.camera, resolution, max_width) for v in scene.views]
         key = hashlib.sha1(str(Path(scene.source).resolve()).encode()).hexdigest()[:16]
         self.cache_dir = (cache_dir or default_cache_dir()) / key
@@ -120,8 +124,9 @@ class ImageStore:
     def check(self, decode: bool = True, progress: bool = False) -> None:
         """Every image now, so that a missing or unreadable file, one whose size does not
         fit its camera, or an image cache that cannot be written is reported before
-        training writes anything. ``decode``: each image is decoded (undistorted, resized
-        and cached) as training reads it; otherwise its header alone is read."""
+        training writes anything. ``decode``: each image of this process' share is
+        decoded (undistorted, resized and cached) as training reads it; otherwise its
+        header alone is read."""
         spills = self.memory.budget is not None and self.decoded_bytes() > self.memory.budget
         if spills or any(self._needs_work(i) for i in range(len(self))):
             self._check_cache()
@@ -137,7 +142,7 @@ class ImageStore:
                     raise DataError(f"{view.image_path}: not a readable image ({error})"
                                     ) from None
                 _check_size(view, size)
-                if decode:
+                if decode and index % self.decode_share[1] == self.decode_share[0]:
                     self.image(index)
                 bar.update()
 
