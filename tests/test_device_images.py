@@ -31,3 +31,15 @@ def test_images_are_uploaded_once_and_kept_within_the_budget():
     again = images.target(third)
     assert again.device.type == "meta" and images.target(third) is not again  # over budget
     assert set(images.kept) == {"view0", "view1"} and images.kept_bytes == 2 * image_bytes
+
+
+def test_images_read_as_pixels_are_kept_as_pixels():
+    pixel_bytes = 10 * 20 * 3
+    images = DeviceImages(torch.device("meta"), budget=2 * pixel_bytes)
+    pixels = torch.randint(0, 256, (10, 20, 3), dtype=torch.uint8)
+    read = [TrainView(view.camera, read=lambda rows: pixels) for view in views(3)]
+    targets = [images.target(view) for view in read]
+    assert all(t.dtype == torch.float32 and t.shape == (10, 20, 3) for t in targets)
+    assert {name: kept.dtype for name, kept in images.kept.items()} == {
+        "view0": torch.uint8, "view1": torch.uint8}, "a quarter of the bytes: two fit"
+    assert read[2].target.equal(pixels.float() / 255)

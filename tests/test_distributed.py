@@ -75,16 +75,17 @@ def whole_state_saved(path: Path) -> dict:
 
 
 def recording_reads(views: list[TrainView]) -> tuple[list[TrainView], list]:
-    """``views`` whose targets are read when asked, and the list of what was read:
-    (view, rows) pairs, rows None for a whole image."""
+    """``views`` whose targets (as uint8 pixels) are read when asked, and the list of
+    what was read: (view, rows) pairs, rows None for a whole image."""
     reads = []
 
-    def reader(index: int, target: Tensor):
+    def reader(index: int, pixels: Tensor):
         def read(rows):
             reads.append((index, rows))
-            return target if rows is None else target[rows[0]:rows[1]]
+            return pixels if rows is None else pixels[rows[0]:rows[1]]
         return read
-    return [TrainView(v.camera, read=reader(i, v.target)) for i, v in enumerate(views)], reads
+    return [TrainView(v.camera, read=reader(i, (v.target * 255).round().to(torch.uint8)))
+            for i, v in enumerate(views)], reads
 
 
 def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
@@ -93,12 +94,14 @@ def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
     results = {"steps": {}}
     for batch_size in (1, 4):
         engine = distributed_engine(shard_of(model, rank, world), batch_size, torch.zeros(3))
-        batch, reads = recording_reads(views[:batch_size])
-        result = engine.forward_backward(batch, track_stats=True)
+        result = engine.forward_backward(views[:batch_size], track_stats=True)
         grads = {n: gather_rows(p.grad) for n, p in engine.model.parameters().items()}
+        reading = distributed_engine(shard_of(model, rank, world), batch_size, torch.zeros(3))
+        batch, reads = recording_reads(views[:batch_size])
+        read_bands = reading.forward_backward(batch, track_stats=True).diagnostics["bands"]
         results["steps"][batch_size] = (result.loss,
                                         by_key(gather_rows(engine.model.keys), grads),
-                                        result.diagnostics["bands"], reads)
+                                        result.diagnostics["bands"], (reads, read_bands))
     engine = distributed_engine(shard_of(model, rank, world), 2, torch.zeros(3),
                                max_imbalance=1.0)  # rebalance after every densification
     results["losses"] = densifying_run(engine, views)
@@ -159,12 +162,12 @@ def test_ranks_equal_the_single_process(world, single_process, tmp_path):
     ranks = torch.load(out, weights_only=False)
     for batch_size in (1, 4):
         want_loss, want = single_process["steps"][batch_size]
-        loss, got, bands, reads = ranks["steps"][batch_size]
+        loss, got, bands, (reads, read_bands) = ranks["steps"][batch_size]
         assert loss == pytest.approx(want_loss, rel=1e-12)
         # Rank 0 read the rows it renders (its bands and their halo), nothing else.
         cameras = [view.camera for view in densifying_scene()[0][:batch_size]]
         assert sorted(reads) == sorted((band.camera, render_rows(band, cameras[band.camera]))
-                                       for band in bands[0]), (reads, bands[0])
+                                       for band in read_bands[0]), (reads, read_bands[0])
         if world > 1 and batch_size == 4:
             assert len({view for view, _ in reads}) < batch_size, reads
         for name in want:

@@ -240,4 +240,9 @@ class ImageStore:
 
     def as_float(self, index: int, rows: tuple[int, int] | None = None,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return self.image(index, rows).to(dtype) / 255.0
+        return pixels_as_float(self.image(index, rows), dtype)
+
+
+def pixels_as_float(pixels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 pixels as ``dtype`` in [0, 1], the same on every device."""
+    return pixels.to(dtype) / 255.0

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Protocol
 from torch import Tensor
 
 from splatscale.data.cameras import Camera
+from splatscale.data.images import pixels_as_float
 from splatscale.model.gaussians import GaussianModel
 from splatscale.engine.state import EngineState
 from splatscale.render import RenderOutput
@@ -55,27 +56,37 @@ if TYPE_CHECKING:
 
 
 class TrainView:
-    """A view of a batch: its camera and its target image, float [H, W, 3] in [0, 1].
-    The target is given, or ``read(rows)`` reads it when an engine first asks: whole
-    (``rows`` None), or only the rows ``[y0, y1)`` a rank renders."""
+    """A view of a batch: its camera and its target image, float32 [H, W, 3] in
+    [0, 1]. The target is given, or read from the image's uint8 pixels when an engine
+    first asks: ``read(rows)`` reads them whole (``rows`` None) or only the rows
+    ``[y0, y1)`` a rank renders, and an engine may take them as they are (a GPU keeps
+    a quarter of the bytes)."""
 
     def __init__(self, camera: Camera, target: Tensor | None = None,
                  read: Callable[[tuple[int, int] | None], Tensor] | None = None) -> None:
         if (target is None) == (read is None):
             raise ValueError("TrainView: give either a target or a way to read it")
         self.camera, self._target, self._read = camera, target, read
+        self._pixels: Tensor | None = None
 
     @property
     def target(self) -> Tensor:
         if self._target is None:
-            self._target = self._read(None)
+            self._target = pixels_as_float(self.pixels())
         return self._target
 
-    def target_rows(self, y0: int, y1: int) -> Tensor:
-        """Rows ``[y0, y1)`` of the target, reading no others where it is not yet read."""
-        if self._target is None:
-            return self._read((y0, y1))
-        return self._target[y0:y1]
+    def pixels(self) -> Tensor | None:
+        """The uint8 pixels the target is read from; None for a target given as it is."""
+        if self._read is not None and self._pixels is None:
+            self._pixels = self._read(None)
+        return self._pixels
+
+    def target_rows(self, y0: int, y1: int, like: Tensor) -> Tensor:
+        """Rows ``[y0, y1)`` of the target on ``like``'s device in its dtype, reading no
+        others where it is not yet read (and moving them as pixels)."""
+        if self._target is None and self._pixels is None:
+            return pixels_as_float(self._read((y0, y1)).to(like.device)).to(like.dtype)
+        return self.target[y0:y1].to(like)
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from splatscale.data.images import pixels_as_float
 from splatscale.engine import TrainView
 
 BUDGET_SHARE = 0.25  # of the device memory free when the first image arrives
@@ -12,7 +13,8 @@ BUDGET_SHARE = 0.25  # of the device memory free when the first image arrives
 
 class DeviceImages:
     """The targets of training views on ``device``. On the CPU they are the views' own
-    tensors; elsewhere an image is uploaded the first time its view comes and kept,
+    tensors; elsewhere an image is uploaded the first time its view comes, as its uint8
+    pixels where the view was read from them (a quarter of the float bytes), and kept,
     by camera name, until the kept images would pass ``budget`` bytes (by default a
     quarter of the free device memory); later ones are uploaded at each use."""
 
@@ -26,13 +28,15 @@ class DeviceImages:
         if self.device.type == "cpu":
             return view.target
         name = view.camera.name
-        if name in self.kept:
-            return self.kept[name]
-        image = view.target.to(self.device, non_blocking=True)
-        if name and self.kept_bytes + image.nbytes <= self._budget():
-            self.kept[name] = image
-            self.kept_bytes += image.nbytes
-        return image
+        image = self.kept.get(name)
+        if image is None:
+            pixels = view.pixels()
+            image = (pixels if pixels is not None else view.target).to(self.device,
+                                                                        non_blocking=True)
+            if name and self.kept_bytes + image.nbytes <= self._budget():
+                self.kept[name] = image
+                self.kept_bytes += image.nbytes
+        return pixels_as_float(image) if image.dtype == torch.uint8 else image
 
     def _budget(self) -> int:
         if self.budget is None:

@@ -150,7 +150,7 @@ class Trainer:
             engine.set_sh_degree(self.sh_degree)
         # Read when an engine asks: a rank reads only the rows it renders, so only one
         # process reads the next batch's whole images ahead.
-        batch = [TrainView(self.store.camera(i), read=partial(self.store.as_float, i))
+        batch = [TrainView(self.store.camera(i), read=partial(self.store.image, i))
                  for i in self._next_batch()]
         if engine.shard()[1] == 1:
             self.store.read_ahead(self.queue[-c.batch_size:])  # the next batch, where queued

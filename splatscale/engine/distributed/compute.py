@@ -145,7 +145,7 @@ class Ranks:
         out = rasterize(unpack(floats, ints, band.camera, camera), camera.width,
                         camera.height, rows=(y0, y1), background=self.background)
         own = (band.rows[0] - y0, band.rows[1] - y0)
-        target = view.target_rows(y0, y1).to(out.rgb)
+        target = view.target_rows(y0, y1, like=out.rgb)
         loss = photometric_loss(out.rgb, target, self.ssim_weight, rows=own,
                                 count=3 * camera.width * camera.height)
         error = (out.rgb.detach()[own[0]:own[1]].clamp(0, 1) - target[own[0]:own[1]]) ** 2
