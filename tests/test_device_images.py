@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from splatscale.data.images import pixels_as_float
 from splatscale.engine import TrainView
 from splatscale.engine.device_images import DeviceImages
 from tests.conftest import orbit_cameras
@@ -42,4 +44,13 @@ def test_images_read_as_pixels_are_kept_as_pixels():
     assert all(t.dtype == torch.float32 and t.shape == (10, 20, 3) for t in targets)
     assert {name: kept.dtype for name, kept in images.kept.items()} == {
         "view0": torch.uint8, "view1": torch.uint8}, "a quarter of the bytes: two fit"
-    assert read[2].target.equal(pixels.float() / 255)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pixels_become_the_same_floats_on_the_gpu_as_on_the_host():
+    pixels = torch.arange(256, dtype=torch.uint8)
+    for dtype in (torch.float32, torch.float64):
+        assert torch.equal(pixels_as_float(pixels.cuda(), dtype).cpu(),
+                           pixels_as_float(pixels, dtype))
+        assert torch.equal(pixels_as_float(pixels, dtype), pixels.to(dtype) / 255.0)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
+from splatscale.data.images import pixels_as_float
 from splatscale.demo import demo_scene
 from splatscale.engine import TrainView
 from splatscale.engine.distributed import distributed_engine, shard_of
@@ -74,18 +75,20 @@ def whole_state_saved(path: Path) -> dict:
     return load_checkpoint(path)[1]
 
 
-def recording_reads(views: list[TrainView]) -> tuple[list[TrainView], list]:
-    """``views`` whose targets (as uint8 pixels) are read when asked, and the list of
-    what was read: (view, rows) pairs, rows None for a whole image."""
+def recording_reads(views: list[TrainView]) -> tuple[list[TrainView], list, list[TrainView]]:
+    """``views`` whose targets, as uint8 pixels, are read when asked; the list of what
+    was read: (view, rows) pairs, rows None for a whole image; and the same pixels'
+    values given whole, in float64."""
     reads = []
+    pixels = [(v.target * 255).round().to(torch.uint8) for v in views]
 
-    def reader(index: int, pixels: Tensor):
+    def reader(index: int):
         def read(rows):
             reads.append((index, rows))
-            return pixels if rows is None else pixels[rows[0]:rows[1]]
+            return pixels[index] if rows is None else pixels[index][rows[0]:rows[1]]
         return read
-    return [TrainView(v.camera, read=reader(i, (v.target * 255).round().to(torch.uint8)))
-            for i, v in enumerate(views)], reads
+    return ([TrainView(v.camera, read=reader(i)) for i, v in enumerate(views)], reads,
+            [TrainView(v.camera, pixels_as_float(p).double()) for v, p in zip(views, pixels)])
 
 
 def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
@@ -96,9 +99,13 @@ def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
         engine = distributed_engine(shard_of(model, rank, world), batch_size, torch.zeros(3))
         result = engine.forward_backward(views[:batch_size], track_stats=True)
         grads = {n: gather_rows(p.grad) for n, p in engine.model.parameters().items()}
-        reading = distributed_engine(shard_of(model, rank, world), batch_size, torch.zeros(3))
-        batch, reads = recording_reads(views[:batch_size])
-        read_bands = reading.forward_backward(batch, track_stats=True).diagnostics["bands"]
+        # Views read as pixels, rows alone, against the same values given whole.
+        batch, reads, given = recording_reads(views[:batch_size])
+        read_and_given = [distributed_engine(shard_of(model, rank, world), batch_size,
+                                             torch.zeros(3)).forward_backward(b, True)
+                          for b in (batch, given)]
+        assert read_and_given[0].loss == read_and_given[1].loss
+        read_bands = read_and_given[0].diagnostics["bands"]
         results["steps"][batch_size] = (result.loss,
                                         by_key(gather_rows(engine.model.keys), grads),
                                         result.diagnostics["bands"], (reads, read_bands))

@@ -54,11 +54,20 @@ def test_the_ranks_of_one_machine_share_its_budget_and_decoding(demo, tmp_path, 
     image_bytes = ImageStore(demo).decoded_bytes() // len(demo.views)
     args = Namespace(image_memory=20 * image_bytes, resolution=1, max_width=None,
                      cache_dir=tmp_path)
-    store = _store(args, demo, local=(1, 4))
-    assert store.memory.budget == 5 * image_bytes
+    decoded = {rank: [] for rank in range(4)}
+    stores = [_store(args, demo, local=(rank, 4)) for rank in range(4)]
+    assert stores[1].memory.budget == 5 * image_bytes
     assert "for each of 4 ranks" in capsys.readouterr().err
-    store.check(decode=True)  # this rank's share of the decoding: every 4th from the 2nd
-    assert sorted(store.memory.kept) == [1, 5, 9, 13, 17]
+    for rank, store in enumerate(stores):
+        decode = store.memory.decode
+        store.memory.decode = lambda i, rank=rank, decode=decode: (decoded[rank].append(i),
+                                                                   decode(i))[1]
+        store.check(decode=True)  # this rank's share: every 4th image from its own
+    views = len(demo.views)
+    assert decoded == {rank: list(range(rank, views, 4)) for rank in range(4)}
+    for i in range(views):  # every other image is read from its raw copy, undecoded
+        assert torch.equal(stores[1].image(i), stores[0].image(i))
+    assert decoded[1] == list(range(1, views, 4)), "no image decoded twice"
 
 
 def test_reads_ahead_not_used_by_the_next_step_are_dropped(demo, tmp_path):

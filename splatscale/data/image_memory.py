@@ -75,6 +75,13 @@ class ImageMemory:
             _write(image.numpy(), raw)
         return image if rows is None else image[rows[0]:rows[1]]
 
+    def share(self, index: int) -> None:
+        """Image ``index`` written to its raw file if it has none, so that the other
+        processes reading this cache find it there, decoded."""
+        raw, _ = self.locate(index)
+        if not raw.is_file():
+            _write(self.get(index).numpy(), raw)
+
     def _has_room(self, nbytes: int) -> bool:
         return self.budget is None or self.kept_bytes + nbytes <= self.budget
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import tempfile
@@ -87,8 +88,9 @@ class ImageStore:
     ``cache_dir`` and read from there afterwards. Decoded images stay in memory as
     uint8 up to ``memory_budget`` bytes (None: all of them); the others are kept
     as raw files under ``cache_dir`` (``image_memory.py``). ``decode_share`` (r, n):
-    ``check`` decodes every n-th image from the r-th, so that the n ranks of one
-    machine decode the images between them into the cache they share.
+    ``check`` decodes every n-th image from the r-th and, with n > 1, writes its raw
+    file, so that the n ranks of one machine decode the images between them and each
+    reads the others' from the cache they share.
     """
 
     def __init__(self, scene: Scene, resolution: int = 1, max_width: int | None = None,
@@ -128,7 +130,7 @@ class ImageStore:
         decoded (undistorted, resized and cached) as training reads it; otherwise its
         header alone is read."""
         spills = self.memory.budget is not None and self.decoded_bytes() > self.memory.budget
-        if spills or any(self._needs_work(i) for i in range(len(self))):
+        if spills or self.decode_share[1] > 1 or any(self._needs_work(i) for i in range(len(self))):
             self._check_cache()
         # Shown only when slow, and cleared: a refused run's one line stands alone.
         with tqdm(total=len(self), desc="checking images", unit="image", leave=False,
@@ -144,6 +146,8 @@ class ImageStore:
                 _check_size(view, size)
                 if decode and index % self.decode_share[1] == self.decode_share[0]:
                     self.image(index)
+                    if self.decode_share[1] > 1:
+                        self.memory.share(index)
                 bar.update()
 
     def _check_cache(self) -> None:
@@ -244,5 +248,13 @@ class ImageStore:
 
 
 def pixels_as_float(pixels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 pixels as ``dtype`` in [0, 1], the same on every device."""
-    return pixels.to(dtype) / 255.0
+    """uint8 pixels as ``dtype`` in [0, 1], the same on every device: each value is
+    looked up, as the host divides it (CUDA's division by a number multiplies by its
+    reciprocal, a bit off for half the values)."""
+    return _levels(dtype, pixels.device)[pixels.long()]
+
+
+@functools.cache
+def _levels(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """k / 255 for k = 0..255, divided on the host."""
+    return (torch.arange(256, dtype=dtype) / 255.0).to(device)
