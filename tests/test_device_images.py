@@ -53,4 +53,3 @@ def test_pixels_become_the_same_floats_on_the_gpu_as_on_the_host():
     for dtype in (torch.float32, torch.float64):
         assert torch.equal(pixels_as_float(pixels.cuda(), dtype).cpu(),
                            pixels_as_float(pixels, dtype))
-        assert torch.equal(pixels_as_float(pixels, dtype), pixels.to(dtype) / 255.0)

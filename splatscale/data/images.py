@@ -248,9 +248,11 @@ class ImageStore:
 
 
 def pixels_as_float(pixels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 pixels as ``dtype`` in [0, 1], the same on every device: each value is
-    looked up, as the host divides it (CUDA's division by a number multiplies by its
-    reciprocal, a bit off for half the values)."""
+    """uint8 pixels as ``dtype`` in [0, 1], the same on every device: divided on the
+    host, looked up elsewhere in a table the host divided (CUDA's division by a number
+    multiplies by its reciprocal, a bit off for half the values)."""
+    if pixels.device.type == "cpu":
+        return pixels.to(dtype) / 255.0
     return _levels(dtype, pixels.device)[pixels.long()]
 
 
