@@ -11,6 +11,7 @@ two ranks on one GPU). ``--comm`` chooses for itself where that can work.
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +51,9 @@ def gpu_identity(device: str) -> str:
     """What tells this rank's GPU from every other in the group ("cpu" on CPUs)."""
     if device == "cpu":
         return "cpu"
-    return str(torch.cuda.get_device_properties(torch.device(device)).uuid)
+    properties = torch.cuda.get_device_properties(torch.device(device))
+    uuid = getattr(properties, "uuid", None)  # older torch: the machine and the index
+    return str(uuid) if uuid is not None else f"{socket.gethostname()}:{device}"
 
 
 def chosen_backend(device: str, shared: bool, comm: str | None = None) -> str:
