@@ -13,9 +13,10 @@ GPU), each run alone after a warm-up:
   images at B = 2: the report's images per second, start-up excluded.
 
 ``peak_gpu_bytes`` is ``torch.cuda.max_memory_allocated`` over the timed run.
-Offloaded garden runs add the bytes copied each way per step, the rate each
-direction's copies ran at on the device, and the share of the step's time
-they took there (copies the host queued while the device computed, on the
+Offloaded garden runs add the bytes copied each way per step (every copy: the
+culling bounds, keys and geometry refreshes beside the working set that
+``host_to_device_bytes_per_step`` counts), the rate each direction's copies ran
+at on the device, and the share of the step's time they took there (copies the host queued while the device computed, on the
 device's one stream, are not hidden from it).
 ``--device cpu`` runs the same script on the CPU (no peak), to check it.
 """
@@ -79,7 +80,7 @@ def garden_run(make_engine, gaussians: int, steps: int) -> dict:
     if transfers is not None:
         copying = transfers.seconds()
         for direction, moved in transfers.bytes.items():
-            result[f"{direction}_bytes_per_step"] = round(moved / steps)
+            result[f"copied_{direction}_bytes_per_step"] = round(moved / steps)
             if copying[direction]:
                 result[f"{direction}_gb_per_second"] = round(moved / copying[direction] / 1e9, 2)
         result["copy_share_of_step"] = round(sum(copying.values()) / seconds, 3)

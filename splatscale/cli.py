@@ -254,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("model", type=Path, help="a PLY model")
     export.add_argument("--format", choices=("ply", "splat", "spz"), required=True,
                         help="ply (INRIA's layout), splat (antimatter15's) or spz (Niantic's "
-                             "compressed format, about a tenth of the PLY)")
+                             "compressed format, a quarter of the PLY or less)")
     export.add_argument("-o", "--output", type=Path, default=None,
                         help="the file to write (default: beside the model, with the "
                              "format's suffix)")

@@ -129,8 +129,9 @@ class ImageStore:
         training writes anything. ``decode``: each image of this process' share is
         decoded (undistorted, resized and cached) as training reads it; otherwise its
         header alone is read."""
+        shared = self.decode_share[1] > 1
         spills = self.memory.budget is not None and self.decoded_bytes() > self.memory.budget
-        if spills or self.decode_share[1] > 1 or any(self._needs_work(i) for i in range(len(self))):
+        if spills or shared or any(self._needs_work(i) for i in range(len(self))):
             self._check_cache()
         # Shown only when slow, and cleared: a refused run's one line stands alone.
         with tqdm(total=len(self), desc="checking images", unit="image", leave=False,
@@ -146,7 +147,7 @@ class ImageStore:
                 _check_size(view, size)
                 if decode and index % self.decode_share[1] == self.decode_share[0]:
                     self.image(index)
-                    if self.decode_share[1] > 1:
+                    if shared:
                         self.memory.share(index)
                 bar.update()
 
