@@ -10,6 +10,7 @@ from pathlib import Path
 
 from splatscale import launch
 from splatscale.errors import QUIET_EXIT, interrupt, run_reported
+from splatscale.messages import speaks
 from splatscale.threads import usable_cores
 
 TRAIN_HELP = """Train a 3DGS model. --iterations counts images seen, as Grendel does:
@@ -33,10 +34,11 @@ MAX_LOCAL_RANKS = usable_cores()
 
 
 class _Parser(argparse.ArgumentParser):
-    """Usage errors as one line, like every other error, with exit status 2."""
+    """Usage errors as one line, like every other error, with exit status 2. Every
+    rank of a group is given the same command line: rank 0 says it for all."""
 
     def error(self, message: str):
-        self.exit(2, f"splatscale: error: {message} (see --help)\n")
+        self.exit(2, f"splatscale: error: {message} (see --help)\n" if speaks() else None)
 
 
 def _integer(low: int, high: int | None = None):

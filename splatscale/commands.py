@@ -160,8 +160,13 @@ def train(args: Namespace) -> int | None:
     needs no rank (the flags, the folder and its lock, the scene, the images' headers)
     and holds the lock while N local ranks, each this command, train."""
     ranks = group.from_environment()
-    _check_flags(args)
-    _check_device(args, ranks)
+    try:
+        _check_flags(args)
+        _check_device(args, ranks)
+    except SplatscaleError as refusal:
+        if ranks is None:
+            raise
+        group.refuse(ranks, refusal, args.join_timeout)  # said once, whichever ranks met it
     if args.nproc > 1 and ranks is None:
         return _launch(args)
     _share_cores(args, ranks)

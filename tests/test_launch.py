@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from splatscale.errors import QUIET_EXIT
 from splatscale.folder_lock import LOCK_NAME
 from tests.test_bad_input import assert_clean_error
 from tests.test_distributed import children_of
@@ -163,6 +164,40 @@ def test_a_rank_whose_peers_never_arrive_says_how_many_joined(tmp_path):
                                     "--join-timeout", "2", env=environment))
     assert_clean_error(code, err, "rank 0 at MASTER_ADDR:MASTER_PORT=127.0.0.1:",
                        "did not answer within 2 s")
+
+
+def torchrun_ranks(flags: list[list[str]]) -> list[tuple[int, str]]:
+    """Each of ``flags``' command lines run as one rank of a group, as torchrun starts
+    them; every rank's exit status and stderr."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    ranks = [splatscale("train", *command, env=dict(
+        os.environ, WORLD_SIZE=str(len(flags)), RANK=str(rank), LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(len(flags)), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+        for rank, command in enumerate(flags)]
+    return [finished(process) for process in ranks]
+
+
+def test_a_refusal_every_rank_meets_is_said_once(tmp_path):
+    run = ["-o", str(tmp_path / "run"), "--quiet", "--join-timeout", "30"]
+    for wrong, said in ((["--forwarding"], "--forwarding: only with --offload"),
+                        (["--batch-size", "0"], "argument --batch-size")):
+        (code, err), (quiet_code, quiet_err) = torchrun_ranks([run + wrong, run + wrong])
+        assert_clean_error(code, err, said)
+        assert "rank 0" not in err
+        assert quiet_code in (2, QUIET_EXIT) and quiet_err == ""
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_refusal_one_rank_meets_is_said_by_that_rank_alone(tmp_path):
+    """Checks that need no other rank (flags, the device) run before the ranks meet;
+    the ranks still stop together, and only the one that refused says why."""
+    run = ["-o", str(tmp_path / "run"), "--quiet", "--join-timeout", "30"]
+    (code, err), (refused_code, refused_err) = torchrun_ranks([run, run + ["--forwarding"]])
+    assert_clean_error(refused_code, refused_err, "error: rank 1: --forwarding: only with")
+    assert (code, err) == (QUIET_EXIT, "")
+    assert not (tmp_path / "run").exists()
 
 
 def test_more_ranks_than_cores_are_refused(tmp_path):

@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, TypeVar
+from typing import Callable, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -105,12 +105,40 @@ def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT, device: str = "cpu",
     """Meet every rank at MASTER_ADDR:MASTER_PORT within ``timeout`` seconds, this one
     computing on ``device``, then form the group over the backend they all choose
     (``placement``, ``comm`` if it can work); a rank that does not arrive is reported
-    as a count, not a traceback."""
+    as a count, not a traceback. If another rank's own checks refused the run
+    (``refuse``), this one stops without a word."""
     if dist.is_initialized():
         return Placement(device, str(dist.get_backend()), shared=False)
+    store, refusals = _meet(ranks, timeout, gpu_identity(device), "")
+    _first_failure([bool(text) for text in refusals], None, ranks.rank)
+    gpus = {store.get(f"gpu{rank}") for rank in range(ranks.world)}
+    shared = device != "cpu" and len(gpus) < ranks.world
+    backend = chosen_backend(device, shared, comm)
+    store.set_timeout(TIMEOUT)
+    dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.world,
+                            timeout=TIMEOUT)
+    return Placement(device, backend, shared)
+
+
+def refuse(ranks: Ranks, refusal: SplatscaleError, timeout: float = JOIN_TIMEOUT) -> NoReturn:
+    """Stop the group before it forms, because this rank's checks refused the run:
+    meet the others as ``join`` does, then ``agreed``'s rule says who speaks, once."""
+    try:
+        _, refusals = _meet(ranks, timeout, "", str(refusal))
+    except SplatscaleError:  # the others may never hear of it: say it here
+        refusal.voice = "self"
+        raise refusal from None
+    _first_failure([bool(text) for text in refusals], refusal, ranks.rank)
+    raise AssertionError("unreachable: this rank's refusal is among them")
+
+
+def _meet(ranks: Ranks, timeout: float, gpu: str, refusal: str) -> tuple[dist.Store, list[str]]:
+    """Every rank arrived at the store, each having published its GPU and its refusal
+    ("" for none); the store and every rank's refusal."""
     store = _store(ranks, timeout)
     store.set(f"rank{ranks.rank}", "joined")
-    store.set(f"gpu{ranks.rank}", gpu_identity(device))
+    store.set(f"gpu{ranks.rank}", gpu)
+    store.set(f"refusal{ranks.rank}", refusal)
     store.add("joined", 1)
     deadline = time.monotonic() + timeout
     while (joined := store.add("joined", 0)) < ranks.world:
@@ -123,20 +151,27 @@ def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT, device: str = "cpu",
                 error.voice = "self"  # rank 0 is missing: nobody else would say it
             raise error
         time.sleep(0.05)
-    gpus = {store.get(f"gpu{rank}") for rank in range(ranks.world)}
-    shared = device != "cpu" and len(gpus) < ranks.world
-    backend = chosen_backend(device, shared, comm)
-    store.set_timeout(TIMEOUT)
-    dist.init_process_group(backend, store=store, rank=ranks.rank, world_size=ranks.world,
-                            timeout=TIMEOUT)
-    return Placement(device, backend, shared)
+    refusals = [store.get(f"refusal{rank}").decode() for rank in range(ranks.world)]
+    if any(refusals):
+        _stay_until_read(store, ranks, time.monotonic() + timeout)
+    return store, refusals
+
+
+def _stay_until_read(store: dist.Store, ranks: Ranks, deadline: float) -> None:
+    """The group will not form: the store's host keeps it until every rank has read
+    the refusals (they go with it)."""
+    store.add("read", 1)
+    while _hosts_store(ranks) and store.add("read", 0) < ranks.world:
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.05)
 
 
 def _store(ranks: Ranks, timeout: float) -> dist.Store:
     """The rendezvous store: hosted by rank 0, unless torchrun's agent hosts it. A rank
     that connects tries for a second at a time, so that a stop signal (handled only
     between Python calls) ends its wait at once, not after ``timeout``."""
-    hosts = ranks.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
+    hosts = _hosts_store(ranks)
     deadline = time.monotonic() + timeout
     while True:
         attempt = timeout if hosts else max(0.1, min(CONNECT_ATTEMPT, deadline - time.monotonic()))
@@ -157,6 +192,10 @@ def _store(ranks: Ranks, timeout: float) -> dist.Store:
     # A store torchrun keeps across restarts of the ranks: each attempt counts afresh.
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return dist.PrefixStore(f"splatscale/{attempt}/", store)
+
+
+def _hosts_store(ranks: Ranks) -> bool:
+    return ranks.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
 
 def _first_line(error: BaseException) -> str:
@@ -186,14 +225,21 @@ def agreed(call: Callable[[], T], ranks: Ranks | None) -> T:
     failed = torch.zeros(ranks.world, dtype=torch.int64)
     failed[ranks.rank] = failure is not None
     collectives.all_reduce(failed)
-    if failure is not None and isinstance(failure, SplatscaleError) and bool(failed.all()):
+    _first_failure(failed.bool().tolist(), failure, ranks.rank)
+    return result
+
+
+def _first_failure(failed: list[bool], failure: BaseException | None, rank: int) -> None:
+    """Raise, if any rank failed: where every rank met an error, this one's, said
+    once by rank 0; else the first failed rank's, which it says, and every other
+    rank stops without a word (``StoppedByPeer``)."""
+    if failure is not None and isinstance(failure, SplatscaleError) and all(failed):
         failure.voice = "rank 0"  # every rank met it: said once, as one process says it
         raise failure
-    if failure is not None and int(failed.nonzero()[0]) == ranks.rank:
+    if failure is not None and failed.index(True) == rank:
         raise failure
-    if failed.any():
+    if any(failed):
         raise StoppedByPeer()
-    return result
 
 
 def threads_per_rank(local_world: int) -> int:
