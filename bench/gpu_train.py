@@ -16,8 +16,9 @@ GPU), each run alone after a warm-up:
 Offloaded garden runs add the bytes copied each way per step (every copy: the
 culling bounds, keys and geometry refreshes beside the working set that
 ``host_to_device_bytes_per_step`` counts), the rate each direction's copies ran
-at on the device, and the share of the step's time they took there (copies the host queued while the device computed, on the
-device's one stream, are not hidden from it).
+at on the device, the share of the step's time they took there, the share the
+compute stream still waited for (copies up run on a stream of their own; copies
+down are waited for), and the share of the copies up hidden behind its work.
 ``--device cpu`` runs the same script on the CPU (no peak), to check it.
 """
 
@@ -83,7 +84,12 @@ def garden_run(make_engine, gaussians: int, steps: int) -> dict:
             result[f"copied_{direction}_bytes_per_step"] = round(moved / steps)
             if copying[direction]:
                 result[f"{direction}_gb_per_second"] = round(moved / copying[direction] / 1e9, 2)
-        result["copy_share_of_step"] = round(sum(copying.values()) / seconds, 3)
+        up, down, waited = (copying[kind] for kind in ("host_to_device", "device_to_host",
+                                                       "waited"))
+        result["copy_share_of_step"] = round((up + down) / seconds, 3)
+        result["exposed_copy_share_of_step"] = round((waited + down) / seconds, 3)
+        if up:
+            result["host_to_device_hidden_share"] = round(max(0.0, 1 - waited / up), 3)
     return result
 
 

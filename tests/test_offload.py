@@ -20,6 +20,7 @@ from splatscale.engine.offload.rows import OffloadedRows
 from splatscale.engine.offload.sharded import offloaded_shard_engine
 from splatscale.engine.offload.culling import candidates
 from splatscale.engine.offload.host_adam import MAX_SKIPPED_STEPS, DeferredAdam
+from splatscale.engine.offload.transfers import Transfers
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import render
 from splatscale.render.projection import visibility
@@ -267,3 +268,26 @@ def test_the_cli_offloads_and_resumes_on_one_device(tmp_path):
     resumed, straight = (read_ply(tmp_path / run / "point_cloud.ply") for run in "ab")
     for name, tensor in straight.parameters().items():
         assert torch.equal(resumed.parameters()[name], tensor), name
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")])])
+def test_copies_land_whole_and_are_counted(device):
+    """Copies in flight on the copy stream are read from the compute stream only after
+    they land, from staging buffers (pinned on a GPU) or any host tensor."""
+    transfers = Transfers(torch.device(device))
+    staged = transfers.staging((1 << 22, 3), torch.float32)
+    assert staged.is_pinned() == (device == "cuda")
+    staged.copy_(torch.randn(staged.shape))
+    plain = torch.arange(1 << 20)
+    in_flight = transfers.send({"staged": staged, "plain": plain})
+    busy = torch.randn(2048, 2048, device=device)
+    busy = busy @ busy  # the compute stream works while the copies run
+    landed = in_flight.ready()
+    sums = {name: float(t.double().sum()) for name, t in landed.items()}
+    assert sums == {"staged": float(staged.double().sum()), "plain": float(plain.sum())}
+    assert all(t.device.type == device for t in landed.values())
+    back = transfers.download({"plain": landed["plain"] * 2})
+    assert torch.equal(back["plain"], plain * 2)
+    assert transfers.bytes == {"host_to_device": staged.nbytes + plain.nbytes,
+                               "device_to_host": plain.nbytes}

@@ -10,7 +10,7 @@ computed for the visible pairs only, so nothing invalid enters the graph.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import torch
 from torch import Tensor
@@ -214,8 +214,17 @@ class _ShColors(torch.autograd.Function):
         return v_means, grads[1], grads[2], None, None, None, None
 
 
+class Geometry(Protocol):
+    """What ``visibility`` reads of the Gaussians (a ``GaussianModel`` has it)."""
+
+    means: Tensor
+    quats: Tensor
+    log_scales: Tensor
+    opacity_logits: Tensor
+
+
 @torch.no_grad()
-def visibility(model: GaussianModel, cameras: Sequence[Camera]) -> Visibility:
+def visibility(model: Geometry, cameras: Sequence[Camera]) -> Visibility:
     """Which Gaussians each camera keeps: ``project``'s test, without projecting
     (numba kernels on the CPU, torch elsewhere)."""
     tensors = (model.means, model.quats, model.log_scales, model.opacity_logits,

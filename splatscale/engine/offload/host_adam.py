@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -59,6 +60,13 @@ class StepLog:
 
     def reach(self) -> Tensor:
         return torch.from_numpy(self._table[3, :self.count])
+
+
+Allocate = Callable[[tuple[int, ...], torch.dtype], Tensor]
+
+
+def host_memory(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    return torch.empty(shape, dtype=dtype)
 
 
 @dataclass
@@ -104,13 +112,18 @@ class DeferredAdam:
         table = self.logs[name].reach()
         return table[-1] - table[since]
 
-    def advance(self, rows: Tensor, grads: dict[str, Tensor] | None = None) -> Advanced:
-        """Rows ``rows`` as dense Adam has them after the latest logged step, whose
-        gradient (absent: zero) is ``grads``; the master arrays are only read."""
+    def advance(self, rows: Tensor, grads: dict[str, Tensor] | None = None,
+                names: Sequence[str] | None = None, staging: Allocate = host_memory) -> Advanced:
+        """Rows ``rows`` of groups ``names`` (None: every group) as dense Adam has
+        them after the latest logged step, whose gradient (absent: zero) is ``grads``;
+        the master arrays are only read. The new parameter values are written into
+        ``staging(shape, dtype)``'s tensors."""
         out = Advanced(rows, {}, {}, {})
-        for name, param in self.adam.params.items():
-            new = [torch.empty((len(rows), *param.shape[1:]), dtype=param.dtype)
-                   for _ in range(3)]
+        for name in names or self.adam.params:
+            param = self.adam.params[name]
+            shape = (len(rows), *param.shape[1:])
+            new = [staging(shape, param.dtype), host_memory(shape, param.dtype),
+                   host_memory(shape, param.dtype)]
             self._replay(name, rows, grads, new, torch.arange(len(rows)))
             out.params[name], out.exp_avg[name], out.exp_avg_sq[name] = new
         return out

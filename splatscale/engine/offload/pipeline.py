@@ -42,7 +42,7 @@ class UpdatePipeline:
 
     def gradients_for(self, rows: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor] | None:
         """The in-flight step's gradient of each of ``rows`` (zero for rows it does not
-        update); None when nothing is in flight."""
+        update), for the groups of ``like``; None when nothing is in flight."""
         if self.in_flight is None:
             return None
         update = self.in_flight[0]
@@ -52,7 +52,8 @@ class UpdatePipeline:
         position = torch.searchsorted(update.rows, rows).clamp_max(len(update.rows) - 1)
         found = update.rows[position] == rows
         out = {}
-        for name, grad in update.grads.items():
+        for name in like:
+            grad = update.grads[name]
             rows_grad = torch.zeros((len(rows), *like[name].shape[1:]), dtype=grad.dtype)
             rows_grad[found] = grad[position[found]]
             out[name] = rows_grad

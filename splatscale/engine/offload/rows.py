@@ -7,10 +7,11 @@ working set. A step's rows:
    geometry and how far each row can have drifted since it was written
    (``culling.candidates``);
 2. the candidates' current values, as dense Adam has them now (``DeferredAdam``
-   replays the steps a row missed, and the in-flight update is forwarded);
-   their geometry and opacity go to the device for ``project``'s exact test;
-3. the rest of the visible rows' parameters go to the device, where the
-   engine's step part renders them, takes the loss and runs the backward pass;
+   replays the steps a row missed, and the in-flight update is forwarded):
+   their geometry and opacity first, for ``project``'s exact test on the
+   device, then, while the device tests, their other parameters, sent too;
+3. the visible rows, taken on the device, where the engine's compute part
+   renders them, takes the loss and runs the backward pass;
 4. the gradients come back; the host Adam updates the visible rows and the
    rows about to fall ``MAX_SKIPPED_STEPS`` behind, in a worker thread while the
    device starts the next step (``pipeline``), or at once without forwarding.
@@ -23,16 +24,17 @@ checkpoint moves freely between offloaded and resident rows.
 
 from __future__ import annotations
 
-from typing import Callable
+from types import SimpleNamespace
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.engine.offload.culling import DeviceGeometry, candidates
-from splatscale.engine.offload.host_adam import DeferredAdam
+from splatscale.engine.offload.host_adam import Allocate, DeferredAdam, host_memory
 from splatscale.engine.offload.pipeline import Update, UpdatePipeline
-from splatscale.engine.offload.transfers import Transfers
+from splatscale.engine.offload.transfers import InFlight, Transfers
 from splatscale.engine.rows import (WorkingSet, load_rows_state, rows_state, zero_stats)
 from splatscale.engine.state import EngineState
 from splatscale.model.gaussians import GaussianModel
@@ -71,20 +73,30 @@ class OffloadedRows:
 
     def working_set(self, cameras: list[Camera]) -> WorkingSet:
         """The visible rows, on the device their current values (with gradient), and
-        their visibility: the cull, the forwarded values, the exact test."""
+        their visibility: the cull, the forwarded values, the exact test. The
+        candidates' other values are computed on the host and copied up while the
+        device tests them (the cull keeps few the test drops)."""
         rows = self.candidates(cameras)
-        values = self.current(rows)
-        tested = {n: self.transfers.upload(values[n]) for n in EXACT_TEST}
-        seen = visibility(self._model({**values, **tested}, rows), cameras)
+        tested = self._send(rows, EXACT_TEST).ready()
+        seen = visibility(SimpleNamespace(**tested), cameras)
+        rest = self._send(rows, [n for n in GaussianModel.PARAMETERS if n not in EXACT_TEST])
         kept = seen.visible.any(dim=0).nonzero()[:, 0]
-        on_device = {n: tested[n][kept] if n in tested
-                     else self.transfers.upload(values[n][kept.cpu()]) for n in values}
-        measured = {"host_to_device_bytes": sum(t.nbytes for t in tested.values())
-                    + sum(on_device[n].nbytes for n in on_device if n not in tested),
+        values = {**tested, **rest.ready()}
+        measured = {"host_to_device_bytes": sum(values[n].nbytes
+                                                for n in GaussianModel.PARAMETERS),
                     "candidates": len(rows), "visible": len(kept)}
-        rows = rows[kept.cpu()]
-        return WorkingSet(rows, self._model(on_device, rows).requires_grad_(True),
-                          seen.of_gaussians(kept), measured)
+        model = GaussianModel(**{n: t[kept] for n, t in values.items()},
+                              sh_degree=self.model.sh_degree)
+        return WorkingSet(rows[kept.cpu()], model.requires_grad_(True), seen.of_gaussians(kept),
+                          measured)
+
+    def _send(self, rows: Tensor, names: list[str]) -> InFlight:
+        """Groups ``names`` of ``rows`` (and, with the exact test's, their keys) computed
+        into staging buffers and sent."""
+        values = self.current(rows, names, self.transfers.staging)
+        if "means" in names:
+            values["keys"] = self.model.keys[rows]
+        return self.transfers.send(values)
 
     def candidates(self, cameras: list[Camera]) -> Tensor:
         """Rows the batch may see, by the device's lagging geometry and drift bound."""
@@ -100,14 +112,14 @@ class OffloadedRows:
             n: p.grad if p.grad is not None else torch.zeros_like(p)
             for n, p in working.model.parameters().items()}))
 
-    def _model(self, values: dict[str, Tensor], rows: Tensor) -> GaussianModel:
-        return GaussianModel(**values, sh_degree=self.model.sh_degree,
-                             keys=self.transfers.upload(self.model.keys[rows]))
-
-    def current(self, rows: Tensor) -> dict[str, Tensor]:
-        """``rows`` as dense training has them now, the master arrays untouched."""
+    def current(self, rows: Tensor, names: Sequence[str] | None = None,
+                staging: Allocate = host_memory) -> dict[str, Tensor]:
+        """``rows`` of groups ``names`` (None: all) as dense training has them now, in
+        ``staging``'s tensors; the master arrays untouched."""
         params = self.model.parameters()
-        return self.host_adam.advance(rows, self.pipeline.gradients_for(rows, params)).params
+        like = {name: params[name] for name in names or params}
+        return self.host_adam.advance(rows, self.pipeline.gradients_for(rows, like), names,
+                                      staging).params
 
     def step(self, learning_rates: dict[str, float]) -> None:
         self._settle()

@@ -1,10 +1,13 @@
 """Copies between host memory and the device, counted and, on request, timed.
 
-On a GPU, values go up from page-locked (pinned) copies without blocking the
-host, which goes on gathering the rest while the copy engine works, in the
-order of the device's stream, so the step that reads them finds them there.
-Gradients come down into pinned memory, every copy queued before one wait.
-On the CPU the device is host memory: nothing moves.
+On a GPU, values go up on a stream of the copies' own, from page-locked
+(pinned) host memory, without blocking the host: ``send`` returns copies in
+flight, and the device's compute stream waits for them only where it first
+reads them (``InFlight.ready``), so that they overlap whatever the device
+computes meanwhile. Values the host computes in order to send them are written
+straight into pinned buffers (``staging``). Gradients come down into pinned
+memory, every copy queued before one wait. On the CPU the device is host
+memory: nothing moves.
 """
 
 from __future__ import annotations
@@ -18,22 +21,57 @@ from torch import Tensor
 DIRECTIONS = ("host_to_device", "device_to_host")
 
 
+class InFlight:
+    """Tensors on their way to the device."""
+
+    def __init__(self, tensors: dict[str, Tensor], done=None,
+                 device: torch.device | None = None, waits: list | None = None) -> None:
+        self._tensors = tensors
+        self._done = done  # a CUDA event on ``device``'s copy stream; None: already there
+        self._device = device
+        self._waits = waits  # timed: where the compute stream's wait is kept
+
+    def ready(self) -> dict[str, Tensor]:
+        """The copies, safe to read from the current stream from here on."""
+        if self._done is not None:
+            stream = torch.cuda.current_stream(self._device)
+            with _timed(self._waits) if self._waits is not None else nullcontext():
+                stream.wait_event(self._done)
+            for tensor in self._tensors.values():  # made on the copy stream, used here
+                tensor.record_stream(stream)
+            self._done = None
+        return self._tensors
+
+
 class Transfers:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.on_gpu = device.type == "cuda"
+        self.stream = torch.cuda.Stream(device) if self.on_gpu else None
         self.timed = False  # on a GPU: keep each copy's time on the stream, for ``seconds``
         self.bytes = dict.fromkeys(DIRECTIONS, 0)
-        self._events: dict[str, list] = {direction: [] for direction in DIRECTIONS}
+        self._events: dict[str, list] = {kind: [] for kind in (*DIRECTIONS, "waited")}
+
+    def staging(self, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """An empty host tensor to fill and then send: pinned on a GPU, so that its
+        copy needs no pinned copy of its own."""
+        return torch.empty(shape, dtype=dtype, pin_memory=self.on_gpu)
+
+    def send(self, tensors: dict[str, Tensor]) -> InFlight:
+        """Each of ``tensors`` (in host memory) copied to the device, in flight."""
+        self.bytes["host_to_device"] += sum(t.nbytes for t in tensors.values())
+        if not self.on_gpu:
+            return InFlight({name: t.to(self.device) for name, t in tensors.items()})
+        pinned = {name: t if t.is_pinned() else t.pin_memory() for name, t in tensors.items()}
+        with torch.cuda.stream(self.stream), self._timing("host_to_device"):
+            copies = {name: t.to(self.device, non_blocking=True) for name, t in pinned.items()}
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return InFlight(copies, done, self.device, self._events["waited"] if self.timed else None)
 
     def upload(self, tensor: Tensor) -> Tensor:
-        """``tensor`` (in host memory) on the device."""
-        self.bytes["host_to_device"] += tensor.nbytes
-        if not self.on_gpu:
-            return tensor.to(self.device)
-        pinned = tensor.pin_memory()  # a host copy: timed apart from the device's
-        with self._timing("host_to_device"):
-            return pinned.to(self.device, non_blocking=True)
+        """``tensor`` (in host memory) on the device, ready for the current stream."""
+        return self.send({"tensor": tensor}).ready()["tensor"]
 
     def download(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
         """Each of ``tensors`` in host memory, its copy complete."""
@@ -49,11 +87,13 @@ class Transfers:
         return host
 
     def seconds(self) -> dict[str, float]:
-        """Each direction's copy time so far on the device (0 unless ``timed``)."""
+        """Each direction's copy time so far on the device, and ``waited``: how long
+        the compute stream waited for copies up, the part of them not hidden behind
+        its work (each 0 unless ``timed``)."""
         if self.on_gpu:
             torch.cuda.synchronize(self.device)
-        return {direction: sum(start.elapsed_time(end) for start, end in pairs) / 1e3
-                for direction, pairs in self._events.items()}
+        return {kind: sum(start.elapsed_time(end) for start, end in pairs) / 1e3
+                for kind, pairs in self._events.items()}
 
     def _timing(self, direction: str):
         return _timed(self._events[direction]) if self.timed and self.on_gpu else nullcontext()
@@ -61,7 +101,7 @@ class Transfers:
 
 @contextmanager
 def _timed(pairs: list) -> Iterator[None]:
-    """Events on the device's stream either side of the copies queued inside."""
+    """Events on the current stream either side of the work queued inside."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     yield
