@@ -127,10 +127,13 @@ def scheduled_run(engine, views: list[TrainView], batch_size: int, steps: range,
                   max_gaussians: int | None = None) -> list[float]:
     """The Trainer's step order over ``steps``: batches taken from ``views`` in turn,
     densification at the steps of ``densify`` (pruning large ones where it says True),
-    an opacity reset at step ``reset``; the losses."""
+    an opacity reset at step ``reset``; the losses. Each step tells the engine the next
+    batch's cameras, as the Trainer does."""
     losses = []
     for step in steps:
         batch = [views[(batch_size * step + i) % len(views)] for i in range(batch_size)]
+        engine.expect([views[(batch_size * (step + 1) + i) % len(views)].camera
+                       for i in range(batch_size)], TRAIN_RATES)
         losses.append(engine.forward_backward(batch, track_stats=True).loss)
         after_forward(engine)
         if step in densify:

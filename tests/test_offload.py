@@ -84,11 +84,13 @@ def local_runs():
 # exactly what the whole model renders: the engines agree bit for bit.
 @pytest.mark.parametrize("dtype, rtol", [(torch.float64, 0.0), (torch.float32, 0.0)])
 @pytest.mark.parametrize("batch_size", [1, 4])
-@pytest.mark.parametrize("forwarding", [True, False])
-def test_offloaded_training_equals_local(local_runs, dtype, rtol, batch_size, forwarding):
+@pytest.mark.parametrize("forwarding, lookahead", [(True, True), (True, False),
+                                                   (False, True), (False, False)])
+def test_offloaded_training_equals_local(local_runs, dtype, rtol, batch_size, forwarding,
+                                         lookahead):
     views, model = offload_scene(dtype)
     engine = offload_engine(model.detach(), batch_size, torch.zeros(3, dtype=dtype),
-                           forwarding=forwarding)
+                           forwarding=forwarding, lookahead=lookahead)
     losses, touched = train(engine, views, batch_size)
     expected_losses, expected = local_runs[dtype, batch_size]
     np.testing.assert_allclose(losses, expected_losses, rtol=rtol)
@@ -107,6 +109,42 @@ def test_offloaded_strategies_equal_local(run, forwarding):
     engine = offload_engine(model.detach(), 2, torch.zeros(3), forwarding=forwarding)
     np.testing.assert_allclose(run(engine, views), expected_losses, rtol=0)
     assert_same_sets(engine.state_dict(), local.state_dict(), 0.0)
+
+
+def hinted(engine, hint: str) -> list[int]:
+    """``engine`` told the truth about the next step, or something else; the rows of
+    each step that were sent a step early."""
+    expect, forward_backward, early = engine.expect, engine.forward_backward, []
+    if hint == "other cameras":
+        elsewhere = look_at_camera([0.0, 5.0, 0.0], [0.0, 0.0, 0.1], 40, 30, focal=90,
+                                   dtype=engine.model.means.dtype)
+        engine.expect = lambda cameras, rates: expect([elsewhere], rates)
+    elif hint == "other rates":
+        engine.expect = lambda cameras, rates: expect(cameras, {**rates, "sh0": 1e-3})
+
+    def recorded(*args, **kwargs):
+        result = forward_backward(*args, **kwargs)
+        early.append(result.diagnostics["sent_a_step_early"])
+        return result
+    engine.forward_backward = recorded
+    return early
+
+
+@pytest.mark.parametrize("hint", ["true", "other cameras", "other rates"])
+def test_rows_sent_a_step_early_change_nothing(local_runs, hint):
+    """The next step's rows, sent while this one's backward pass runs, are used when
+    the step goes as the caller said, and dropped when it does not: either way the
+    run is the run on one device, bit for bit."""
+    views, model = offload_scene()
+    engine = offload_engine(model.detach(), 1, torch.zeros(3, dtype=model.means.dtype),
+                            lookahead=True)
+    early = hinted(engine, hint)
+    losses, _ = train(engine, views, 1)
+    expected_losses, expected = local_runs[model.means.dtype, 1]
+    np.testing.assert_allclose(losses, expected_losses, rtol=0)
+    assert_same_sets(engine.state_dict(), expected, 0.0)
+    served = sum(count > 0 for count in early)
+    assert served > STEPS // 2 if hint == "true" else served == 0
 
 
 def dense_and_deferred(seed: int, rows: int = 300):

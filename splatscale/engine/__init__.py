@@ -94,12 +94,19 @@ class StepResult:
     loss: float
     psnr: float  # mean over the batch's views
     # What the step measured, by engine (as gsplat's rasterization() returns meta):
-    # offload "host_to_device_bytes", "candidates", "visible"; distributed "bands"
+    # offload "host_to_device_bytes", "candidates", "visible", "sent_a_step_early";
+    # distributed "bands"
     # (each rank's rows of each view) and "render_seconds" (this rank's own).
     diagnostics: dict[str, object] = field(default_factory=dict)
 
 
 class Engine(Protocol):
+    def expect(self, cameras: list[Camera], learning_rates: dict[str, float]) -> None:
+        """Before ``forward_backward``, when the caller knows them: the cameras of the
+        step after this one, and the learning rates of this one's ``optimizer_step``.
+        An engine may get that step's Gaussians ready early; nothing depends on it."""
+        ...
+
     def forward_backward(self, batch: list[TrainView], track_stats: bool,
                          regularisers: "Regularisers | None" = None) -> StepResult:
         """With ``regularisers``, their gradient over every Gaussian is added to the

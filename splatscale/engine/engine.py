@@ -24,6 +24,8 @@ made by                     rows               compute
 
 One step, as the Trainer calls it with the 3DGS strategy (3DGS's order)::
 
+    expect(next, lrs)        rows.expect(next, lrs): the next batch's cameras and this
+                               step's learning rates, where known (a hint)
     forward_backward(batch)  compute.forward_backward(rows, batch):
                                rows.working_set(cameras) -> render, loss, backward
                                -> statistics -> rows.gradients_taken(working)
@@ -121,6 +123,9 @@ class ComposedEngine:
     @property
     def stats(self) -> densify.DensifyStats:
         return self.rows.stats
+
+    def expect(self, cameras: list[Camera], learning_rates: dict[str, float]) -> None:
+        self.rows.expect(cameras, learning_rates)
 
     def forward_backward(self, batch: list[TrainView], track_stats: bool,
                          regularisers: mcmc.Regularisers | None = None) -> StepResult:

@@ -65,6 +65,12 @@ class Rows(Protocol):
         step's. They are kept for ``step``."""
         ...
 
+    def expect(self, cameras: list[Camera], learning_rates: dict[str, float]) -> None:
+        """The next ``working_set`` after this step's will be of ``cameras``, and this
+        step's ``step`` will take ``learning_rates``: its rows may be got ready early.
+        A hint: a step that goes otherwise, or an edit of the rows, voids it."""
+        ...
+
     def add_gradient(self, term: Callable[[dict[str, Tensor]], dict[str, Tensor]]) -> None:
         """Pre: ``gradients_taken``. Add ``term(parameters)``, a gradient of every row
         (of the groups it names) from their values at this step, to the step's."""
@@ -101,6 +107,9 @@ class ResidentRows:
 
     def gradients_taken(self, working: WorkingSet) -> None:
         """The gradients stay on the model's tensors."""
+
+    def expect(self, cameras: list[Camera], learning_rates: dict[str, float]) -> None:
+        """Every row is on the device already."""
 
     def add_gradient(self, term: Callable[[dict[str, Tensor]], dict[str, Tensor]]) -> None:
         params = self.model.parameters()

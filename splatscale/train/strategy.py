@@ -32,6 +32,7 @@ class Strategy(Protocol):
     max_gaussians: int | None  # None: no budget
     initial_opacity: float
     initial_scale: float  # times the 3 nearest neighbours' distance
+    edits_every_step: bool  # whether every step changes the Gaussians beside Adam
 
     def tracks_stats(self, after: int) -> bool: ...
 
@@ -52,6 +53,7 @@ class ThreeDGS:
 
     regularisers = None
     initial_opacity, initial_scale = 0.1, 1.0
+    edits_every_step = False
 
     def __init__(self, config: TrainConfig, extent: float) -> None:
         self.config, self.extent = config, extent
@@ -90,6 +92,7 @@ class MCMC:
 
     tracks_stats = staticmethod(lambda after: False)
     initial_opacity, initial_scale = MCMC_INITIAL_OPACITY, MCMC_INITIAL_SCALE
+    edits_every_step = True  # the noise on the means
 
     def __init__(self, config: TrainConfig) -> None:
         self.config = config

@@ -155,6 +155,9 @@ class Trainer:
         if engine.shard()[1] == 1:
             self.store.read_ahead(self.queue[-c.batch_size:])  # the next batch, where queued
         strategy = self.strategy
+        if len(self.queue) >= c.batch_size and not strategy.edits_every_step:
+            engine.expect([self.store.camera(i) for i in reversed(self.queue[-c.batch_size:])],
+                          self.learning_rates(before + 1))
         result = engine.forward_backward(batch, strategy.tracks_stats(after),
                                          strategy.regularisers)
         if not math.isfinite(result.loss):

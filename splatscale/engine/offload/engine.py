@@ -14,7 +14,8 @@ from splatscale.render import Backend
 
 def offload_engine(model: GaussianModel, batch_size: int, background: Tensor,
                    ssim_weight: float = 0.2, device: str = "cpu",
-                   forwarding: bool | None = None, backend: Backend | None = None) -> ComposedEngine:
-    """``forwarding`` None: on when ``device`` is not the host's CPU."""
-    return ComposedEngine(OffloadedRows(model, batch_size, device, forwarding),
+                   forwarding: bool | None = None, backend: Backend | None = None,
+                   lookahead: bool | None = None) -> ComposedEngine:
+    """``forwarding`` and ``lookahead`` None: on when ``device`` is not the host's CPU."""
+    return ComposedEngine(OffloadedRows(model, batch_size, device, forwarding, lookahead),
                   OneProcess(background, ssim_weight, device, backend))

@@ -17,6 +17,7 @@ values while a worker thread computes the same rows for the master copy.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -47,11 +48,29 @@ class StepLog:
         self._table[2, 0] = 1.0
 
     def append(self, stepped: bool, scale: float, root_bias2: float, move: float) -> None:
+        self._write(stepped, scale, root_bias2, move)
+        self.count += 1
+
+    def ahead(self, stepped: bool, scale: float, root_bias2: float,
+              move: float) -> tuple[StepLog, tuple[float, ...]]:
+        """This log with one step more, sharing its table until the next ``append``
+        (which writes the step taken where this writes the step foreseen), and that
+        step's entry as ``last`` will give it."""
+        self._write(stepped, scale, root_bias2, move)
+        ahead = copy.copy(self)
+        ahead.count += 1
+        return ahead, ahead.last()
+
+    def last(self) -> tuple[float, ...]:
+        """The latest step's entry."""
+        return tuple(self._table[:, self.count - 1].tolist())
+
+    def _write(self, stepped: bool, scale: float, root_bias2: float, move: float) -> None:
+        """The entry of step ``count``."""
         if self.count == self._table.shape[1]:
             self._table = np.concatenate([self._table, np.zeros_like(self._table)], axis=1)
         column = self._table[:, self.count]
         column[:] = stepped, scale, root_bias2, self._table[3, self.count - 1] + move
-        self.count += 1
 
     def arrays(self, dtype: np.dtype) -> tuple[np.ndarray, ...]:
         """The replay kernel's tables: stepped, scale and root_bias2 (in ``dtype``)."""
@@ -89,6 +108,7 @@ class DeferredAdam:
         self.step_count = 0
         self.updated_at = torch.zeros(rows, dtype=torch.int64)
         self.logs = {name: StepLog() for name in adam.params}
+        self.foreseen: dict[str, tuple[float, ...]] = {}  # a forecast's: the entries foreseen
         hyper = adam.decay
         self.ratio_bound = _SAFETY * (1 - hyper.beta1) / math.sqrt(
             (1 - hyper.beta2) * (1 - hyper.beta1 ** 2 / hyper.beta2))
@@ -97,15 +117,37 @@ class DeferredAdam:
         """Count a global step; groups in ``stepped`` take an Adam step in it."""
         self.step_count += 1
         for name, log in self.logs.items():
-            h = self.adam.hyper(learning_rates[name])
             took = name in stepped
             t = self.adam.count_step(name) if took else self.adam.steps[name]
-            bias1, bias2 = 1 - h.beta1 ** t, 1 - h.beta2 ** t
-            if took:
-                log.append(True, -h.lr / bias1, math.sqrt(bias2),
-                           h.lr * math.sqrt(bias2) / bias1 * self.ratio_bound)
-            else:
-                log.append(False, 0.0, 1.0, 0.0)
+            log.append(*self._entry(learning_rates[name], t, took))
+
+    def _entry(self, lr: float, t: int, took: bool) -> tuple[bool, float, float, float]:
+        """A step's log entry: its Adam step ``t`` taken with ``lr``, or none."""
+        if not took:
+            return False, 0.0, 1.0, 0.0
+        h = self.adam.hyper(lr)
+        bias1, bias2 = 1 - h.beta1 ** t, 1 - h.beta2 ** t
+        return (True, -h.lr / bias1, math.sqrt(bias2),
+                h.lr * math.sqrt(bias2) / bias1 * self.ratio_bound)
+
+    def forecast(self, learning_rates: dict[str, float]) -> DeferredAdam:
+        """This optimiser as it will be once the next step is logged, if every group
+        steps in it with ``learning_rates``: what it says of a row that step gives no
+        gradient (``advance``, ``reach``) holds then. It shares the master arrays and
+        ``updated_at``, and holds until the next ``log_step``; ``foresaw`` says whether
+        that step went as forecast."""
+        ahead = copy.copy(self)
+        ahead.step_count += 1
+        ahead.logs, ahead.foreseen = {}, {}
+        for name, log in self.logs.items():
+            entry = self._entry(learning_rates[name], self.adam.steps[name] + 1, True)
+            ahead.logs[name], ahead.foreseen[name] = log.ahead(*entry)
+        return ahead
+
+    def foresaw(self, forecast: DeferredAdam) -> bool:
+        """Whether the latest logged step is the one ``forecast`` foresaw."""
+        return forecast.step_count == self.step_count and all(
+            log.last() == forecast.foreseen[name] for name, log in self.logs.items())
 
     def reach(self, name: str, since: Tensor) -> Tensor:
         """How far any coordinate of group ``name`` can have moved since steps ``since``."""

@@ -24,6 +24,7 @@ checkpoint moves freely between offloaded and resident rows.
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
 from typing import Callable, Sequence
 
@@ -34,7 +35,8 @@ from splatscale.data.cameras import Camera
 from splatscale.engine.offload.culling import DeviceGeometry, candidates
 from splatscale.engine.offload.host_adam import Allocate, DeferredAdam, host_memory
 from splatscale.engine.offload.pipeline import Update, UpdatePipeline
-from splatscale.engine.offload.transfers import InFlight, Transfers
+from splatscale.engine.offload.lookahead import Ahead, Expected, merged
+from splatscale.engine.offload.transfers import Transfers
 from splatscale.engine.rows import (WorkingSet, load_rows_state, rows_state, zero_stats)
 from splatscale.engine.state import EngineState
 from splatscale.model.gaussians import GaussianModel
@@ -47,17 +49,20 @@ EXACT_TEST = (*GEOMETRY, "opacity_logits")  # what project's visibility test rea
 
 class OffloadedRows:
     def __init__(self, model: GaussianModel, batch_size: int, device: str = "cpu",
-                 forwarding: bool | None = None) -> None:
-        """``forwarding`` None: on when the device is not the host's CPU. On a CPU the
-        two halves share the cores, so overlapping them only adds contention."""
+                 forwarding: bool | None = None, lookahead: bool | None = None) -> None:
+        """``forwarding`` and ``lookahead`` None: on when the device is not the host's
+        CPU. On a CPU the host and the device are the same cores, so overlapping their
+        work only adds contention."""
         self.device = torch.device(device)
         self.transfers = Transfers(self.device)
         self.model = model.to(device="cpu").requires_grad_(True)
         self.optimizer = GaussianAdam(self.model.parameters(), batch_size)
         self.stats = zero_stats(self.model)
-        if forwarding is None:
-            forwarding = self.device.type != "cpu"
-        self.pipeline = UpdatePipeline(forwarding)
+        on_device = self.device.type != "cpu"
+        self.pipeline = UpdatePipeline(on_device if forwarding is None else forwarding)
+        self.lookahead = on_device if lookahead is None else lookahead
+        self.expected: Expected | None = None
+        self.ahead: Ahead | None = None
         self.host_adam = DeferredAdam(self.optimizer, len(self.model))
         self.geometry = self._device_geometry()
         self.pending: Update | None = None  # this step's gradients, until ``step``
@@ -73,44 +78,82 @@ class OffloadedRows:
 
     def working_set(self, cameras: list[Camera]) -> WorkingSet:
         """The visible rows, on the device their current values (with gradient), and
-        their visibility: the cull, the forwarded values, the exact test. The
-        candidates' other values are computed on the host and copied up while the
-        device tests them (the cull keeps few the test drops)."""
-        rows = self.candidates(cameras)
-        tested = self._send(rows, EXACT_TEST).ready()
+        their visibility: the cull (or the one made a step early, ``lookahead``), the
+        forwarded values, the exact test. The candidates' other values are computed on
+        the host and copied up while the device tests them (the cull keeps few the
+        test drops)."""
+        ahead, self.ahead = self.ahead, None
+        ahead = ahead if ahead is not None and ahead.serves(cameras) else None
+        rows = ahead.candidates if ahead is not None else self.candidates(cameras)
+        self.ahead = self._look_ahead()
+        tested = self._send(rows, EXACT_TEST, ahead)()
         seen = visibility(SimpleNamespace(**tested), cameras)
-        rest = self._send(rows, [n for n in GaussianModel.PARAMETERS if n not in EXACT_TEST])
+        rest = self._send(rows, [n for n in GaussianModel.PARAMETERS if n not in EXACT_TEST],
+                          ahead)
         kept = seen.visible.any(dim=0).nonzero()[:, 0]
-        values = {**tested, **rest.ready()}
+        values = {**tested, **rest()}
         measured = {"host_to_device_bytes": sum(values[n].nbytes
                                                 for n in GaussianModel.PARAMETERS),
-                    "candidates": len(rows), "visible": len(kept)}
+                    "candidates": len(rows), "visible": len(kept),
+                    "sent_a_step_early": 0 if ahead is None else len(ahead.sent)}
         model = GaussianModel(**{n: t[kept] for n, t in values.items()},
                               sh_degree=self.model.sh_degree)
         return WorkingSet(rows[kept.cpu()], model.requires_grad_(True), seen.of_gaussians(kept),
                           measured)
 
-    def _send(self, rows: Tensor, names: list[str]) -> InFlight:
+    def _send(self, rows: Tensor, names: list[str],
+              ahead: Ahead | None = None) -> Callable[[], dict[str, Tensor]]:
         """Groups ``names`` of ``rows`` (and, with the exact test's, their keys) computed
-        into staging buffers and sent."""
-        values = self.current(rows, names, self.transfers.staging)
+        into staging buffers and sent, but those ``ahead`` sent a step early; call
+        the result for all of them on the device."""
+        early = None if ahead is None else torch.isin(rows, ahead.sent)
+        fresh = rows if early is None else rows[~early]
+        values = self.current(fresh, names, self.transfers.staging)
         if "means" in names:
-            values["keys"] = self.model.keys[rows]
-        return self.transfers.send(values)
+            values["keys"] = self.model.keys[fresh]
+        sent = self.transfers.send(values)
+        if early is None:
+            return sent.ready
+        return partial(merged, self.transfers.upload(early), ahead.values, sent)
 
-    def candidates(self, cameras: list[Camera]) -> Tensor:
-        """Rows the batch may see, by the device's lagging geometry and drift bound."""
+    def candidates(self, cameras: list[Camera], adam: DeferredAdam | None = None) -> Tensor:
+        """Rows the batch may see, by the device's lagging geometry and how far ``adam``
+        (by default the host Adam; or a forecast of it) says each can have moved."""
+        adam = adam or self.host_adam
         since = self.geometry.updated_at.cpu().to(torch.int64)
         maybe = candidates(self.geometry.means, self.geometry.log_scales,
-                           self.transfers.upload(self.host_adam.reach("means", since)),
-                           self.transfers.upload(self.host_adam.reach("log_scales", since)),
+                           self.transfers.upload(adam.reach("means", since)),
+                           self.transfers.upload(adam.reach("log_scales", since)),
                            cameras)
         return maybe.nonzero()[:, 0].cpu()
 
+    def expect(self, cameras: list[Camera], learning_rates: dict[str, float]) -> None:
+        if self.lookahead:
+            self.expected = Expected(cameras, learning_rates)
+
+    def _look_ahead(self) -> Ahead | None:
+        """The expected next step's candidates, culled now."""
+        expected, self.expected = self.expected, None
+        if expected is None:
+            return None
+        forecast = self.host_adam.forecast(expected.learning_rates)
+        return Ahead(expected.cameras, forecast, self.candidates(expected.cameras, forecast))
+
     def gradients_taken(self, working: WorkingSet) -> None:
+        if self.ahead is not None:
+            self._send_ahead(self.ahead, working.rows)
         self.pending = Update(working.rows, self.transfers.download({
             n: p.grad if p.grad is not None else torch.zeros_like(p)
             for n, p in working.model.parameters().items()}))
+
+    def _send_ahead(self, ahead: Ahead, seen: Tensor) -> None:
+        """While the device runs the backward pass: the next step's candidates that
+        this step does not see, as they will be after it, sent."""
+        self._settle()  # the forecast replays from the rows the step before updated
+        rows = ahead.candidates[~torch.isin(ahead.candidates, seen)]
+        values = ahead.forecast.advance(rows, staging=self.transfers.staging).params
+        values["keys"] = self.model.keys[rows]
+        ahead.sent, ahead.values = rows, self.transfers.send(values)
 
     def current(self, rows: Tensor, names: Sequence[str] | None = None,
                 staging: Allocate = host_memory) -> dict[str, Tensor]:
@@ -126,6 +169,8 @@ class OffloadedRows:
         update, self.pending = self.pending, None
         groups = self.optimizer.next_step_groups()
         self.host_adam.log_step(learning_rates, set(groups) if update is not None else set())
+        if self.ahead is not None and not self.host_adam.foresaw(self.ahead.forecast):
+            self.ahead = None
         if update is None:
             return
         update = self._with_overdue(update)
@@ -136,7 +181,9 @@ class OffloadedRows:
             self._refresh_geometry(update.rows)
 
     def add_gradient(self, term: Callable[[dict[str, Tensor]], dict[str, Tensor]]) -> None:
-        """A gradient of every row: the step updates every row (none is deferred)."""
+        """A gradient of every row: the step updates every row (none is deferred, and
+        none is known a step early)."""
+        self.ahead = None
         every = torch.arange(len(self.model))
         extra, update = term(self.current(every)), self.pending
         grads = {}
@@ -175,7 +222,9 @@ class OffloadedRows:
     # -- the rest of the contract ----------------------------------------------------------
 
     def bring_current(self) -> None:
-        """Every row current in the master arrays (and the device geometry)."""
+        """Every row current in the master arrays (and the device geometry). The rows
+        may be edited next: what was sent a step early is dropped."""
+        self.ahead = self.expected = None
         self._settle()
         self._refresh_geometry(self.host_adam.catch_up_all())
 
@@ -190,6 +239,7 @@ class OffloadedRows:
         return rows_state(self)
 
     def load_state_dict(self, state: EngineState) -> None:
+        self.ahead = self.expected = None
         self._settle()
         load_rows_state(self, state, home=torch.device("cpu"))
         self.host_adam = DeferredAdam(self.optimizer, len(self.model))

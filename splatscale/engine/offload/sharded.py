@@ -16,9 +16,10 @@ def offloaded_shard_engine(shard: GaussianModel, batch_size: int, background: Te
                            ssim_weight: float = 0.2, balance: str = "cost",
                            fixed_cost: RowCost | None = None,
                            max_imbalance: float = MAX_IMBALANCE, device: str = "cpu",
-                           forwarding: bool | None = None) -> ComposedEngine:
+                           forwarding: bool | None = None,
+                           lookahead: bool | None = None) -> ComposedEngine:
     """This rank's engine over its ``shard``, kept in host memory (arguments as
     ``distributed_engine``'s and ``offload_engine``'s)."""
-    return ComposedEngine(OffloadedRows(shard, batch_size, device, forwarding),
+    return ComposedEngine(OffloadedRows(shard, batch_size, device, forwarding, lookahead),
                           Ranks(background, ssim_weight, balance, fixed_cost, max_imbalance,
                                 device))
