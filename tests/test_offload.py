@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numba
 import numpy as np
@@ -27,6 +28,7 @@ from splatscale.render.projection import visibility
 from splatscale.step.optimizer import GaussianAdam
 from tests.conftest import (capped_run, densifying_scene, look_at_camera, mcmc_run,
                             orbit_cameras, random_model, scheduled_run, state_by_key)
+from tests.test_training import SHORT, make_trainer
 
 STEPS = 50
 
@@ -266,7 +268,8 @@ def offloaded_rank(rank: int, world: int, init_file: str, out: str) -> None:
     views, model = offload_scene()
     engine = offloaded_shard_engine(shard_of(model, rank, world), 2,
                                   torch.zeros(3, dtype=torch.float64), forwarding=rank == 0,
-                                  max_imbalance=1.0)  # rebalance after every densification
+                                  max_imbalance=1.0,  # rebalance after every densification
+                                  lookahead=rank == 1)
     losses, touched = train(engine, views, 2, range(SHARDED_STEPS))
     views, model = densifying_scene()
     mcmc = offloaded_shard_engine(shard_of(model, rank, world), 2, torch.zeros(3),
@@ -329,3 +332,16 @@ def test_copies_land_whole_and_are_counted(device):
     assert torch.equal(back["plain"], plain * 2)
     assert transfers.bytes == {"host_to_device": staged.nbytes + plain.nbytes,
                                "device_to_host": plain.nbytes}
+
+
+def test_the_trainer_tells_the_rows_the_next_batch(tmp_path):
+    """Through the Trainer's hints, most steps find their rows sent a step early, and
+    the run is the one on one device."""
+    runs = {}
+    for name, make_engine in (("local", local_engine),
+                              ("ahead", partial(offload_engine, lookahead=True))):
+        trainer = make_trainer(tmp_path / name, make_engine=make_engine, **SHORT)
+        runs[name] = [trainer.train_step() for _ in range(30)]
+    assert [r["loss"] for r in runs["ahead"]] == [r["loss"] for r in runs["local"]]
+    early = [r["diagnostics"]["sent_a_step_early"] > 0 for r in runs["ahead"]]
+    assert sum(early) > len(early) // 2

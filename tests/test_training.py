@@ -10,7 +10,8 @@ import torch
 from splatscale.demo import demo_scene
 from splatscale.data.images import ImageStore
 from splatscale.train.config import TrainConfig
-from splatscale.train.trainer import RunOptions, Trainer
+from splatscale.engine.local import local_engine
+from splatscale.train.trainer import EngineFactory, RunOptions, Trainer
 
 # 1200 images with densification from image 200 reach about 39 dB on the train
 # views; without densification about 25 dB; with frozen learning rates 12 dB.
@@ -18,12 +19,14 @@ PSNR_BAR = 30.0
 IMAGES = 1200
 
 
-def make_trainer(tmp_path: Path, **overrides) -> Trainer:
+def make_trainer(tmp_path: Path, make_engine: EngineFactory = local_engine,
+                 **overrides) -> Trainer:
     scene = demo_scene(tmp_path / "cache")
     store = ImageStore(scene, cache_dir=tmp_path / "cache", background=scene.background)
     config = TrainConfig(**{"iterations": IMAGES, "densify_from": 200, **overrides})
     return Trainer(scene, store, config, RunOptions(tmp_path / "out", progress=False,
-                                                    checkpoint_every=0))
+                                                    checkpoint_every=0),
+                   make_engine=make_engine)
 
 
 def train_psnr(trainer: Trainer) -> float:
