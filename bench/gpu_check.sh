@@ -74,6 +74,6 @@ export TORCH_CUDA_ARCH_LIST MAX_JOBS="${MAX_JOBS:-$(nproc)}"
 stage build 240 python3 -c "from gsplat.cuda._backend import _C; assert _C is not None"
 stage gpu_tests 110 python3 -m pytest -m gpu -q -p no:cacheprovider
 stage gpu_render 35 sh -c "python3 bench/gpu_render.py > '$OUT/gpu_render.json'"
-stage gpu_train 90 sh -c "python3 bench/gpu_train.py --images 200 --garden-steps 30 \
+stage gpu_train 90 sh -c "python3 bench/gpu_train.py --images 200 --garden-steps 20 \
     --ranks-images 200 > '$OUT/gpu_train.json'"
 summarise

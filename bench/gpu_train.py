@@ -1,12 +1,13 @@
 """Training on a GPU: images per second and peak GPU memory; prints one JSON line.
 
-For ``local_engine`` and ``offload_engine`` (forwarding on, its default on a
-GPU), each run alone after a warm-up:
+For ``local_engine`` and ``offload_engine`` (forwarding and lookahead on, their
+defaults on a GPU), each run alone after a warm-up:
 
 - snowmiku (SfM points, its images), the Trainer's own steps at B = 1 and 4;
-- ``--gaussians`` (1M) garden Gaussians seen by a garden camera, engine steps
-  at B = 1 against a flat grey target (the speed of a step does not depend on
-  what the image shows);
+- ``--gaussians`` (1M) garden Gaussians seen by the three garden cameras in
+  turn, engine steps at B = 1 against a flat grey target (the speed of a step
+  does not depend on what the image shows), each told the next camera as the
+  Trainer tells it; offloaded again without lookahead, to weigh it;
 - ``splatscale train`` on snowmiku in one process and with 2 ranks on the one
   device (two ranks on one GPU talk over gloo through host memory; their
   exchange, partition and staging are the difference), ``--ranks-images``
@@ -18,7 +19,8 @@ culling bounds, keys and geometry refreshes beside the working set that
 ``host_to_device_bytes_per_step`` counts), the rate each direction's copies ran
 at on the device, the share of the step's time they took there, the share the
 compute stream still waited for (copies up run on a stream of their own; copies
-down are waited for), and the share of the copies up hidden behind its work.
+down are waited for), the share of the copies up hidden behind its work, and
+the share of the visible rows that were sent a step early.
 ``--device cpu`` runs the same script on the CPU (no peak), to check it.
 """
 
@@ -58,38 +60,51 @@ def measured(device: str, timed_run) -> dict:
 
 
 def garden_run(make_engine, gaussians: int, steps: int) -> dict:
+    """Engine steps over the garden cameras in turn, each step told the next one, as
+    the Trainer tells it."""
     model, cameras = garden_scene(gaussians)
-    camera = cameras[0]
-    view = TrainView(camera, torch.full((camera.height, camera.width, 3), 0.5))
+    views = [TrainView(c, torch.full((c.height, c.width, 3), 0.5)) for c in cameras]
     engine = make_engine(model, 1, torch.zeros(3))
-    for _ in range(3):  # warm-up
-        engine.forward_backward([view], track_stats=True)
+
+    def step(index: int) -> dict:
+        engine.expect([views[(index + 1) % len(views)].camera], rates())
+        result = engine.forward_backward([views[index % len(views)]], track_stats=True)
         engine.optimizer_step(rates())
+        return result.diagnostics
+
+    for index in range(3):  # warm-up
+        step(index)
     transfers = getattr(engine.rows, "transfers", None)
     if transfers is not None:  # offloaded: this run's copies alone, timed
         transfers.timed, transfers.bytes = True, dict.fromkeys(transfers.bytes, 0)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     start = time.perf_counter()
-    for _ in range(steps):
-        engine.forward_backward([view], track_stats=True)
-        engine.optimizer_step(rates())
+    diagnostics = [step(index) for index in range(3, 3 + steps)]
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     result = {"images_per_second": round(steps / seconds, 3)}
     if transfers is not None:
-        copying = transfers.seconds()
-        for direction, moved in transfers.bytes.items():
-            result[f"copied_{direction}_bytes_per_step"] = round(moved / steps)
-            if copying[direction]:
-                result[f"{direction}_gb_per_second"] = round(moved / copying[direction] / 1e9, 2)
-        up, down, waited = (copying[kind] for kind in ("host_to_device", "device_to_host",
-                                                       "waited"))
-        result["copy_share_of_step"] = round((up + down) / seconds, 3)
-        result["exposed_copy_share_of_step"] = round((waited + down) / seconds, 3)
-        if up:
-            result["host_to_device_hidden_share"] = round(max(0.0, 1 - waited / up), 3)
+        result.update(copies(transfers, steps, seconds))
+        early = sum(d["sent_a_step_early"] for d in diagnostics)
+        result["sent_a_step_early_share"] = round(early / sum(d["visible"] for d in diagnostics), 3)
+    return result
+
+
+def copies(transfers, steps: int, seconds: float) -> dict:
+    """The bytes each way per step, the rates, and the shares of the step's time."""
+    copying, result = transfers.seconds(), {}
+    for direction, moved in transfers.bytes.items():
+        result[f"copied_{direction}_bytes_per_step"] = round(moved / steps)
+        if copying[direction]:
+            result[f"{direction}_gb_per_second"] = round(moved / copying[direction] / 1e9, 2)
+    up, down, waited = (copying[kind] for kind in ("host_to_device", "device_to_host",
+                                                   "waited"))
+    result["copy_share_of_step"] = round((up + down) / seconds, 3)
+    result["exposed_copy_share_of_step"] = round((waited + down) / seconds, 3)
+    if up:
+        result["host_to_device_hidden_share"] = round(max(0.0, 1 - waited / up), 3)
     return result
 
 
@@ -126,6 +141,9 @@ def main() -> None:
         out[f"garden_{name}"] = measured(args.device, partial(
             garden_run, make, args.gaussians, args.garden_steps))
         out[f"garden_{name}"]["gaussians"] = args.gaussians
+    out["garden_offload_without_lookahead"] = measured(args.device, partial(
+        garden_run, partial(engines["offload"], lookahead=False), args.gaussians,
+        args.garden_steps))
     alone, ranks = (ranks_run(args.device, nproc, args.ranks_images) for nproc in (1, 2))
     out["snowmiku_train_one_process"], out["snowmiku_train_2_ranks"] = alone, ranks
     out["two_ranks_speed_vs_one_process"] = round(ranks["images_per_second"]
