@@ -16,6 +16,11 @@ working set. A step's rows:
    rows about to fall ``MAX_SKIPPED_STEPS`` behind, in a worker thread while the
    device starts the next step (``pipeline``), or at once without forwarding.
 
+Told the next batch (``expect``), the rows look a step ahead (``lookahead``):
+step 1 culls the next batch too, and before the gradients come back the
+values of its candidates that this step leaves alone are computed and sent;
+the next step computes only the rest.
+
 The master model, ``GaussianAdam`` state and statistics have the resident
 rows' layout, so densification, the opacity reset, checkpoints and export run
 the same code on them once every row has caught up (``bring_current``); a
