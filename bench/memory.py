@@ -10,15 +10,19 @@ engine:
   Local: the parameters, their gradients, both Adam moments, keys and
   densification statistics. Offload: means, log-scales, quaternions and the
   step each row was written at.
-- ``*_peak_bytes``: a step's peak on the device: the persistent bytes, what
-  the step brings (offload: the candidates' geometry and opacity for the
-  exact test, then the visible rows' parameters and keys), and the peak of
-  what the step allocates on the device, measured with torch's profiler
+- ``*_peak_bytes``: a step's peak on the device: the persistent bytes and
+  the largest phase of the step (offload: every candidate's parameters and
+  key, brought while the exact test runs; the visible rows taken from them;
+  the visible rows rendered), each with the peak of what that phase
+  allocates on the device, measured with torch's profiler
   (``profile_memory``: every allocation and free of the step's tensors,
   activations, saved tensors and gradients included). On a CPU the device is
   host memory, so the offload engine's host-side work (the culling bound, the
   forwarded values, the host Adam) is left out of its device count: those
-  tensors live in host memory on a GPU machine.
+  tensors live in host memory on a GPU machine. ``offload_peak_bytes_looking_ahead``
+  adds what lookahead (on by default on a GPU) keeps beside the backward pass:
+  the next step's rows sent early: at most its candidates, taken here as many
+  as this step's.
 """
 
 from __future__ import annotations
@@ -34,7 +38,6 @@ from torch.profiler import ProfilerActivity, profile
 from splatscale.engine import TrainView
 from splatscale.engine.local import local_engine
 from splatscale.engine.offload import offload_engine
-from splatscale.engine.offload.rows import EXACT_TEST
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.projection import visibility
 
@@ -88,13 +91,19 @@ def offload_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, fl
     test_peak = allocated_peak(lambda: visibility(tested, cameras))
     render_peak = allocated_peak(lambda: engine.compute.loss_backward(working.model, views,
                                                                working.seen))
-    brought = (sum(getattr(tested, n).nbytes for n in EXACT_TEST)
-               + sum(t.nbytes for t in working.model.parameters().values())
-               + working.model.keys.nbytes)
+    row_bytes = sum(t[0].nbytes for t in working.model.parameters().values()) + 8  # and key
+    sent, kept = len(candidates) * row_bytes, len(working.rows) * row_bytes
+    # Every candidate's values arrive while the exact test runs, the visible rows are
+    # taken from them, then rendered. Looking ahead, the next step's rows that this
+    # one does not see wait beside its backward pass: at most the next candidates,
+    # taken here as many as this step's.
+    phases = {"test": sent + test_peak, "gather": sent + kept, "render": kept + render_peak}
+    step_bytes = max(phases.values())
+    ahead_bytes = max(step_bytes, phases["render"] + sent)
     persistent = engine.rows.memory_per_gaussian()["device"]
-    step_bytes = brought + max(test_peak, render_peak)
     return {"device_bytes_per_gaussian": persistent,
             "peak_bytes": persistent * len(model) + step_bytes,
+            "peak_bytes_looking_ahead": persistent * len(model) + ahead_bytes,
             "step_bytes_per_visible": step_bytes / len(working.rows),
             "visible_fraction": len(working.rows) / len(model),
             "candidate_fraction": len(candidates) / len(model)}
@@ -124,7 +133,10 @@ def main() -> None:
                      "offload_device_bytes_per_gaussian": offload["device_bytes_per_gaussian"],
                      "local_peak_bytes": local["peak_bytes"],
                      "offload_peak_bytes": offload["peak_bytes"],
+                     "offload_peak_bytes_looking_ahead": offload["peak_bytes_looking_ahead"],
                      "peak_ratio": round(local["peak_bytes"] / offload["peak_bytes"], 2),
+                     "peak_ratio_looking_ahead": round(
+                         local["peak_bytes"] / offload["peak_bytes_looking_ahead"], 2),
                      "offload_step_bytes_per_visible": round(offload["step_bytes_per_visible"]),
                      "visible_fraction": round(offload["visible_fraction"], 3),
                      "candidate_fraction": round(offload["candidate_fraction"], 3)}
