@@ -190,6 +190,24 @@ def test_a_refusal_every_rank_meets_is_said_once(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("launcher, wrong", [
+    (["--standalone"], ["--forwarding"]),            # a flag, checked before the ranks meet
+    (["--standalone"], ["--batch-size", "0"]),       # argparse's
+    (["--master-port", "0"], []),                    # a variable torchrun gives all ranks
+])
+def test_under_torchrun_a_refusal_is_said_once(tmp_path, launcher, wrong):
+    """torchrun's agent stops the ranks still running when one exits: the refusal is
+    said once all the same, and nothing is written."""
+    agent = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *launcher,
+         "-m", "splatscale", "train", "-o", str(tmp_path / "run"), *wrong],
+        capture_output=True, text=True, timeout=120)
+    said = [line for line in agent.stderr.splitlines() if line.startswith("splatscale:")]
+    assert len(said) == 1 and said[0].startswith("splatscale: error: "), agent.stderr
+    assert "rank" not in said[0] and "interrupted" not in agent.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_refusal_one_rank_meets_is_said_by_that_rank_alone(tmp_path):
     """Checks that need no other rank (flags, the device) run before the ranks meet;
     the ranks still stop together, and only the one that refused says why."""

@@ -13,6 +13,7 @@ the process, in its own words.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -69,7 +70,7 @@ def from_environment() -> Ranks | None:
     local_rank = _variable("LOCAL_RANK", 0, local_world - 1, world, default=rank % local_world)
     address = os.environ.get("MASTER_ADDR", "").strip()
     if not address:
-        raise SplatscaleError(_unset("MASTER_ADDR", world))
+        raise LaunchError("MASTER_ADDR", _unset("MASTER_ADDR", world))
     return Ranks(rank, world, local_rank, local_world, address,
                  _variable("MASTER_PORT", 1, 65535, world))
 
@@ -80,15 +81,27 @@ def _variable(name: str, low: int, high: int | None = None, world: int | None = 
     if text is None or not text.strip():
         if default is not None:
             return default
-        raise SplatscaleError(_unset(name, world))
+        raise LaunchError(name, _unset(name, world))
     try:
         value = int(text)
     except ValueError:
-        raise SplatscaleError(f"environment variable {name}={text!r}: not an integer") from None
+        raise LaunchError(name, f"environment variable {name}={text!r}: not an integer") from None
     if value < low or (high is not None and value > high):
         bounds = f"at least {low}" if high is None else f"between {low} and {high}"
-        raise SplatscaleError(f"environment variable {name}={value}: must be {bounds}")
+        raise LaunchError(name, f"environment variable {name}={value}: must be {bounds}")
     return value
+
+
+class LaunchError(SplatscaleError):
+    """A launcher's variable that is missing or wrong. Those a launcher gives every
+    rank alike are said by rank 0 (``messages.rank`` reads RANK and WORLD_SIZE, so
+    they must be sound for that); RANK's own, by each rank."""
+
+    SHARED = ("MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE")
+
+    def __init__(self, name: str, message: str) -> None:
+        super().__init__(message)
+        self.voice = "rank 0" if name in self.SHARED else "self"
 
 
 def _unset(name: str, world: int | None) -> str:
@@ -109,8 +122,9 @@ def join(ranks: Ranks, timeout: float = JOIN_TIMEOUT, device: str = "cpu",
     (``refuse``), this one stops without a word."""
     if dist.is_initialized():
         return Placement(device, str(dist.get_backend()), shared=False)
-    store, refusals = _meet(ranks, timeout, gpu_identity(device), "")
-    _first_failure([bool(text) for text in refusals], None, ranks.rank)
+    store, refused = _meet(ranks, timeout, gpu_identity(device), refused=False)
+    if any(refused):
+        raise _first_failure(refused, None, ranks.rank)
     gpus = {store.get(f"gpu{rank}") for rank in range(ranks.world)}
     shared = device != "cpu" and len(gpus) < ranks.world
     backend = chosen_backend(device, shared, comm)
@@ -124,21 +138,21 @@ def refuse(ranks: Ranks, refusal: SplatscaleError, timeout: float = JOIN_TIMEOUT
     """Stop the group before it forms, because this rank's checks refused the run:
     meet the others as ``join`` does, then ``agreed``'s rule says who speaks, once."""
     try:
-        _, refusals = _meet(ranks, timeout, "", str(refusal))
+        _, refused = _meet(ranks, timeout, "", refused=True)
     except SplatscaleError:  # the others may never hear of it: say it here
         refusal.voice = "self"
         raise refusal from None
-    _first_failure([bool(text) for text in refusals], refusal, ranks.rank)
-    raise AssertionError("unreachable: this rank's refusal is among them")
+    raise _first_failure(refused, refusal, ranks.rank)
 
 
-def _meet(ranks: Ranks, timeout: float, gpu: str, refusal: str) -> tuple[dist.Store, list[str]]:
-    """Every rank arrived at the store, each having published its GPU and its refusal
-    ("" for none); the store and every rank's refusal."""
+def _meet(ranks: Ranks, timeout: float, gpu: str,
+          refused: bool) -> tuple[dist.Store, list[bool]]:
+    """Every rank arrived at the store, each having published its GPU and whether its
+    own checks refused the run; the store and every rank's refusal."""
     store = _store(ranks, timeout)
     store.set(f"rank{ranks.rank}", "joined")
     store.set(f"gpu{ranks.rank}", gpu)
-    store.set(f"refusal{ranks.rank}", refusal)
+    store.set(f"refused{ranks.rank}", "1" if refused else "0")
     store.add("joined", 1)
     deadline = time.monotonic() + timeout
     while (joined := store.add("joined", 0)) < ranks.world:
@@ -151,10 +165,18 @@ def _meet(ranks: Ranks, timeout: float, gpu: str, refusal: str) -> tuple[dist.St
                 error.voice = "self"  # rank 0 is missing: nobody else would say it
             raise error
         time.sleep(0.05)
-    refusals = [store.get(f"refusal{rank}").decode() for rank in range(ranks.world)]
-    if any(refusals):
+    refusals = [store.get(f"refused{rank}") == b"1" for rank in range(ranks.world)]
+    if any(refusals):  # the run ends here, on every rank
+        _ignore_stop_signals()
         _stay_until_read(store, ranks, time.monotonic() + timeout)
     return store, refusals
+
+
+def _ignore_stop_signals() -> None:
+    """torchrun's agent sends a stop signal to the ranks still running when one exits:
+    it must not cut short the line the rank that speaks is about to say."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _stay_until_read(store: dist.Store, ranks: Ranks, deadline: float) -> None:
@@ -195,6 +217,7 @@ def _store(ranks: Ranks, timeout: float) -> dist.Store:
 
 
 def _hosts_store(ranks: Ranks) -> bool:
+    """Whether this rank hosts the rendezvous store (torchrun's agent may host it)."""
     return ranks.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
 
 
@@ -225,21 +248,23 @@ def agreed(call: Callable[[], T], ranks: Ranks | None) -> T:
     failed = torch.zeros(ranks.world, dtype=torch.int64)
     failed[ranks.rank] = failure is not None
     collectives.all_reduce(failed)
-    _first_failure(failed.bool().tolist(), failure, ranks.rank)
+    error = _first_failure(failed.bool().tolist(), failure, ranks.rank)
+    if error is not None:
+        raise error
     return result
 
 
-def _first_failure(failed: list[bool], failure: BaseException | None, rank: int) -> None:
-    """Raise, if any rank failed: where every rank met an error, this one's, said
-    once by rank 0; else the first failed rank's, which it says, and every other
-    rank stops without a word (``StoppedByPeer``)."""
+def _first_failure(failed: list[bool], failure: BaseException | None,
+                   rank: int) -> BaseException | None:
+    """What this rank raises, if any rank failed (``failure``: this one's): where every
+    rank met an error, this one's, said once by rank 0; else the first failed rank's,
+    which it says, while every other rank stops without a word (``StoppedByPeer``)."""
     if failure is not None and isinstance(failure, SplatscaleError) and all(failed):
         failure.voice = "rank 0"  # every rank met it: said once, as one process says it
-        raise failure
+        return failure
     if failure is not None and failed.index(True) == rank:
-        raise failure
-    if any(failed):
-        raise StoppedByPeer()
+        return failure
+    return StoppedByPeer() if any(failed) else None
 
 
 def threads_per_rank(local_world: int) -> int:
