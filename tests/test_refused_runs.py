@@ -114,7 +114,7 @@ def test_a_refused_run_through_dot_dot_leaves_no_folder(earlier_run, tmp_path, c
     ({"WORLD_SIZE": "2", "RANK": "2"}, "environment variable RANK=2: must be between 0 and 1"),
     ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "99999"},
      "environment variable MASTER_PORT=99999: must be between 1 and 65535"),
-    ({"WORLD_SIZE": "2", "RANK": "1", "MASTER_PORT": "29500"},
+    ({"WORLD_SIZE": "2", "RANK": "0", "MASTER_PORT": "29500"},
      "environment variable MASTER_ADDR is not set"),
     ({"RANK": "0"}, "environment variable RANK='0' is set, but WORLD_SIZE is not"),
 ])
@@ -131,3 +131,12 @@ def test_the_launchers_environment_is_checked_as_input(variables, fragment, earl
                  "--cache-dir", str(tmp_path / "cache")])
     assert_clean_error(code, capsys.readouterr().err, fragment)
     assert snapshot(tmp_path / "run") == before
+
+
+def test_a_variable_every_rank_is_given_alike_is_said_by_rank_0(tmp_path, capsys,
+                                                                 monkeypatch):
+    for name, value in {"WORLD_SIZE": "2", "RANK": "1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    code = main(["train", "-o", str(tmp_path / "run"), "--quiet"])
+    assert code == 2 and capsys.readouterr().err == ""
