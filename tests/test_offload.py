@@ -27,7 +27,8 @@ from splatscale.render import render
 from splatscale.render.projection import visibility
 from splatscale.step.optimizer import GaussianAdam
 from tests.conftest import (capped_run, densifying_scene, look_at_camera, mcmc_run,
-                            orbit_cameras, random_model, scheduled_run, state_by_key)
+                            orbit_cameras, random_model, scheduled_run, state_by_key,
+                            TRAIN_RATES)
 from tests.test_training import SHORT, make_trainer
 
 STEPS = 50
@@ -147,6 +148,23 @@ def test_rows_sent_a_step_early_change_nothing(local_runs, hint):
     assert_same_sets(engine.state_dict(), expected, 0.0)
     served = sum(count > 0 for count in early)
     assert served > STEPS // 2 if hint == "true" else served == 0
+
+
+def test_rows_sent_early_wait_for_the_step_they_were_sent_after():
+    """A step computed again before Adam has taken the one they follow does not use
+    them: their values are those after that step."""
+    views, model = offload_scene()
+    engine = offload_engine(model.detach(), 1, torch.zeros(3, dtype=model.means.dtype),
+                            lookahead=True)
+    for step in range(2):
+        engine.expect([views[step + 1].camera], TRAIN_RATES)
+        engine.forward_backward([views[step]], track_stats=True)
+        engine.optimizer_step(TRAIN_RATES)
+    engine.expect([views[3].camera], TRAIN_RATES)
+    engine.forward_backward([views[2]], track_stats=True)
+    again = engine.forward_backward([views[3]], track_stats=True)  # no Adam step between
+    assert again.diagnostics["sent_a_step_early"] == 0
+    engine.optimizer_step(TRAIN_RATES)
 
 
 def dense_and_deferred(seed: int, rows: int = 300):

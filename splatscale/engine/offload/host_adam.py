@@ -51,15 +51,15 @@ class StepLog:
         self._write(stepped, scale, root_bias2, move)
         self.count += 1
 
-    def ahead(self, stepped: bool, scale: float, root_bias2: float,
-              move: float) -> tuple[StepLog, tuple[float, ...]]:
-        """This log with one step more, sharing its table until the next ``append``
-        (which writes the step taken where this writes the step foreseen), and that
-        step's entry as ``last`` will give it."""
+    def with_next(self, stepped: bool, scale: float, root_bias2: float,
+                  move: float) -> StepLog:
+        """This log with one step more. The step is written into this log's next
+        column, which the next ``append`` overwrites with the step taken: the log
+        returned holds until then."""
         self._write(stepped, scale, root_bias2, move)
         ahead = copy.copy(self)
         ahead.count += 1
-        return ahead, ahead.last()
+        return ahead
 
     def last(self) -> tuple[float, ...]:
         """The latest step's entry."""
@@ -85,6 +85,7 @@ Allocate = Callable[[tuple[int, ...], torch.dtype], Tensor]
 
 
 def host_memory(shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """An empty tensor in ordinary host memory (the default ``Allocate``)."""
     return torch.empty(shape, dtype=dtype)
 
 
@@ -98,6 +99,15 @@ class Advanced:
     exp_avg_sq: dict[str, Tensor]
 
 
+@dataclass
+class Forecast:
+    """A ``DeferredAdam`` as it will be after the next step (``adam``), and each group's
+    log entry it foresaw for that step."""
+
+    adam: DeferredAdam
+    foreseen: dict[str, tuple[float, ...]]
+
+
 class DeferredAdam:
     """The host half of the offload engine's optimiser: ``GaussianAdam``'s state
     (shared, so densification edits it as it does on one device), each row's
@@ -108,7 +118,6 @@ class DeferredAdam:
         self.step_count = 0
         self.updated_at = torch.zeros(rows, dtype=torch.int64)
         self.logs = {name: StepLog() for name in adam.params}
-        self.foreseen: dict[str, tuple[float, ...]] = {}  # a forecast's: the entries foreseen
         hyper = adam.decay
         self.ratio_bound = _SAFETY * (1 - hyper.beta1) / math.sqrt(
             (1 - hyper.beta2) * (1 - hyper.beta1 ** 2 / hyper.beta2))
@@ -130,7 +139,7 @@ class DeferredAdam:
         return (True, -h.lr / bias1, math.sqrt(bias2),
                 h.lr * math.sqrt(bias2) / bias1 * self.ratio_bound)
 
-    def forecast(self, learning_rates: dict[str, float]) -> DeferredAdam:
+    def forecast(self, learning_rates: dict[str, float]) -> Forecast:
         """This optimiser as it will be once the next step is logged, if every group
         steps in it with ``learning_rates``: what it says of a row that step gives no
         gradient (``advance``, ``reach``) holds then. It shares the master arrays and
@@ -138,15 +147,14 @@ class DeferredAdam:
         that step went as forecast."""
         ahead = copy.copy(self)
         ahead.step_count += 1
-        ahead.logs, ahead.foreseen = {}, {}
-        for name, log in self.logs.items():
-            entry = self._entry(learning_rates[name], self.adam.steps[name] + 1, True)
-            ahead.logs[name], ahead.foreseen[name] = log.ahead(*entry)
-        return ahead
+        ahead.logs = {name: log.with_next(*self._entry(learning_rates[name],
+                                                       self.adam.steps[name] + 1, True))
+                      for name, log in self.logs.items()}
+        return Forecast(ahead, {name: log.last() for name, log in ahead.logs.items()})
 
-    def foresaw(self, forecast: DeferredAdam) -> bool:
+    def foresaw(self, forecast: Forecast) -> bool:
         """Whether the latest logged step is the one ``forecast`` foresaw."""
-        return forecast.step_count == self.step_count and all(
+        return forecast.adam.step_count == self.step_count and all(
             log.last() == forecast.foreseen[name] for name, log in self.logs.items())
 
     def reach(self, name: str, since: Tensor) -> Tensor:
@@ -161,7 +169,7 @@ class DeferredAdam:
         the master arrays are only read. The new parameter values are written into
         ``staging(shape, dtype)``'s tensors."""
         out = Advanced(rows, {}, {}, {})
-        for name in names or self.adam.params:
+        for name in self.adam.params if names is None else names:
             param = self.adam.params[name]
             shape = (len(rows), *param.shape[1:])
             new = [staging(shape, param.dtype), host_memory(shape, param.dtype),

@@ -16,12 +16,13 @@ and computes only the rest. Whatever edits the rows in between drops them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
 
 from splatscale.data.cameras import Camera
-from splatscale.engine.offload.host_adam import DeferredAdam
+from splatscale.engine.offload.host_adam import Forecast
 from splatscale.engine.offload.transfers import InFlight
 
 
@@ -40,31 +41,56 @@ class Ahead:
     step under way does not see, once sent."""
 
     cameras: list[Camera]
-    forecast: DeferredAdam
+    forecast: Forecast
     candidates: Tensor             # sorted rows
     sent: Tensor | None = None     # the candidates whose values are in flight (sorted)
     values: InFlight | None = None
+    confirmed: bool = False        # the step under way was logged as forecast
 
     def serves(self, cameras: list[Camera]) -> bool:
         """Whether these are the candidates, with values, of a step with ``cameras``."""
-        return self.values is not None and len(cameras) == len(self.cameras) and all(
-            same_view(a, b) for a, b in zip(cameras, self.cameras))
+        return (self.confirmed and self.values is not None and len(cameras) == len(self.cameras)
+                and all(same_view(a, b) for a, b in zip(cameras, self.cameras)))
 
 
 def same_view(a: Camera, b: Camera) -> bool:
+    """Whether ``a`` and ``b`` see the same: one camera, or equal in every field."""
     return a is b or ((a.width, a.height) == (b.width, b.height)
                       and torch.equal(a.viewmat, b.viewmat) and torch.equal(a.K, b.K))
 
 
-def merged(early: Tensor, sent_early: InFlight, sent: InFlight) -> dict[str, Tensor]:
-    """Rows in order, on the device: where ``early`` (bool, on the device) is set from
-    ``sent_early``'s, elsewhere from ``sent``'s, each in the order of the rows (every
-    group ``sent`` has)."""
-    earlier, now = sent_early.ready(), sent.ready()
-    whole = {}
-    for name, values in now.items():
-        rows = values.new_empty((len(early), *values.shape[1:]))
-        rows[early] = earlier[name]
-        rows[~early] = values
-        whole[name] = rows
-    return whole
+class Sources:
+    """Where the values of a step's candidates come from: sent now (``fresh_rows``)
+    and, looking ahead, sent a step early. Which row is where is kept on the host;
+    only index tensors go to the device, so that taking rows there does not make the
+    host wait for it."""
+
+    def __init__(self, rows: Tensor, ahead: Ahead | None,
+                 upload: Callable[[Tensor], Tensor]) -> None:
+        self.early = (torch.zeros(len(rows), dtype=torch.bool) if ahead is None
+                      else torch.isin(rows, ahead.sent))
+        self.fresh_rows = rows[~self.early]
+        self._sent_early = None if ahead is None else ahead.values
+        self._upload = upload
+        self._index = torch.empty(len(rows), dtype=torch.int64)  # each row's, in its part
+        self._index[self.early] = torch.arange(len(rows) - len(self.fresh_rows))
+        self._index[~self.early] = torch.arange(len(self.fresh_rows))
+
+    def taken(self, fresh: dict[str, Tensor], positions: Tensor | None = None
+              ) -> dict[str, Tensor]:
+        """Rows ``positions`` (indices into the candidates, on the device; None: all) of
+        each group ``fresh`` (the values sent now, on the device) has."""
+        if self._sent_early is None:
+            return fresh if positions is None else {n: t[positions] for n, t in fresh.items()}
+        positions = torch.arange(len(self.early)) if positions is None else positions.cpu()
+        early = self.early[positions]
+        parts = [(self._sent_early.ready(), early), (fresh, ~early)]
+        picks = [(self._upload(part.nonzero()[:, 0]), self._upload(self._index[positions[part]]))
+                 for _, part in parts]
+        taken = {}
+        for name, values in fresh.items():
+            rows = values.new_empty((len(positions), *values.shape[1:]))
+            for (source, _), (into, of) in zip(parts, picks):
+                rows.index_copy_(0, into, source[name].index_select(0, of))
+            taken[name] = rows
+        return taken

@@ -29,7 +29,6 @@ checkpoint moves freely between offloaded and resident rows.
 
 from __future__ import annotations
 
-from functools import partial
 from types import SimpleNamespace
 from typing import Callable, Sequence
 
@@ -39,9 +38,9 @@ from torch import Tensor
 from splatscale.data.cameras import Camera
 from splatscale.engine.offload.culling import DeviceGeometry, candidates
 from splatscale.engine.offload.host_adam import Allocate, DeferredAdam, host_memory
+from splatscale.engine.offload.lookahead import Ahead, Expected, Sources
 from splatscale.engine.offload.pipeline import Update, UpdatePipeline
-from splatscale.engine.offload.lookahead import Ahead, Expected, merged
-from splatscale.engine.offload.transfers import Transfers
+from splatscale.engine.offload.transfers import InFlight, Transfers
 from splatscale.engine.rows import (WorkingSet, load_rows_state, rows_state, zero_stats)
 from splatscale.engine.state import EngineState
 from splatscale.model.gaussians import GaussianModel
@@ -50,6 +49,7 @@ from splatscale.step.optimizer import GaussianAdam
 
 GEOMETRY = ("means", "log_scales", "quats")
 EXACT_TEST = (*GEOMETRY, "opacity_logits")  # what project's visibility test reads
+REST = tuple(name for name in GaussianModel.PARAMETERS if name not in EXACT_TEST)
 
 
 class OffloadedRows:
@@ -91,35 +91,30 @@ class OffloadedRows:
         ahead = ahead if ahead is not None and ahead.serves(cameras) else None
         rows = ahead.candidates if ahead is not None else self.candidates(cameras)
         self.ahead = self._look_ahead()
-        tested = self._send(rows, EXACT_TEST, ahead)()
+        sources = Sources(rows, ahead, self.transfers.upload)
+        sent = self._send(sources.fresh_rows, EXACT_TEST).ready()
+        tested = sources.taken(sent)
         seen = visibility(SimpleNamespace(**tested), cameras)
-        rest = self._send(rows, [n for n in GaussianModel.PARAMETERS if n not in EXACT_TEST],
-                          ahead)
+        rest = self._send(sources.fresh_rows, REST)
         kept = seen.visible.any(dim=0).nonzero()[:, 0]
-        values = {**tested, **rest()}
-        measured = {"host_to_device_bytes": sum(values[n].nbytes
-                                                for n in GaussianModel.PARAMETERS),
+        rest_sent = rest.ready()
+        values = {**{n: t[kept] for n, t in tested.items()}, **sources.taken(rest_sent, kept)}
+        kept_rows = kept.cpu()
+        sent.update(rest_sent)
+        measured = {"host_to_device_bytes": sum(sent[n].nbytes for n in GaussianModel.PARAMETERS),
                     "candidates": len(rows), "visible": len(kept),
-                    "sent_a_step_early": 0 if ahead is None else len(ahead.sent)}
-        model = GaussianModel(**{n: t[kept] for n, t in values.items()},
-                              sh_degree=self.model.sh_degree)
-        return WorkingSet(rows[kept.cpu()], model.requires_grad_(True), seen.of_gaussians(kept),
+                    "sent_a_step_early": int(sources.early[kept_rows].sum())}
+        model = GaussianModel(**values, sh_degree=self.model.sh_degree)
+        return WorkingSet(rows[kept_rows], model.requires_grad_(True), seen.of_gaussians(kept),
                           measured)
 
-    def _send(self, rows: Tensor, names: list[str],
-              ahead: Ahead | None = None) -> Callable[[], dict[str, Tensor]]:
+    def _send(self, rows: Tensor, names: Sequence[str]) -> InFlight:
         """Groups ``names`` of ``rows`` (and, with the exact test's, their keys) computed
-        into staging buffers and sent, but those ``ahead`` sent a step early; call
-        the result for all of them on the device."""
-        early = None if ahead is None else torch.isin(rows, ahead.sent)
-        fresh = rows if early is None else rows[~early]
-        values = self.current(fresh, names, self.transfers.staging)
+        into staging buffers and sent."""
+        values = self.current(rows, names, self.transfers.staging)
         if "means" in names:
-            values["keys"] = self.model.keys[fresh]
-        sent = self.transfers.send(values)
-        if early is None:
-            return sent.ready
-        return partial(merged, self.transfers.upload(early), ahead.values, sent)
+            values["keys"] = self.model.keys[rows]
+        return self.transfers.send(values)
 
     def candidates(self, cameras: list[Camera], adam: DeferredAdam | None = None) -> Tensor:
         """Rows the batch may see, by the device's lagging geometry and how far ``adam``
@@ -142,7 +137,8 @@ class OffloadedRows:
         if expected is None:
             return None
         forecast = self.host_adam.forecast(expected.learning_rates)
-        return Ahead(expected.cameras, forecast, self.candidates(expected.cameras, forecast))
+        return Ahead(expected.cameras, forecast,
+                     self.candidates(expected.cameras, forecast.adam))
 
     def gradients_taken(self, working: WorkingSet) -> None:
         if self.ahead is not None:
@@ -156,7 +152,7 @@ class OffloadedRows:
         this step does not see, as they will be after it, sent."""
         self._settle()  # the forecast replays from the rows the step before updated
         rows = ahead.candidates[~torch.isin(ahead.candidates, seen)]
-        values = ahead.forecast.advance(rows, staging=self.transfers.staging).params
+        values = ahead.forecast.adam.advance(rows, staging=self.transfers.staging).params
         values["keys"] = self.model.keys[rows]
         ahead.sent, ahead.values = rows, self.transfers.send(values)
 
@@ -165,7 +161,7 @@ class OffloadedRows:
         """``rows`` of groups ``names`` (None: all) as dense training has them now, in
         ``staging``'s tensors; the master arrays untouched."""
         params = self.model.parameters()
-        like = {name: params[name] for name in names or params}
+        like = {name: params[name] for name in (params if names is None else names)}
         return self.host_adam.advance(rows, self.pipeline.gradients_for(rows, like), names,
                                       staging).params
 
@@ -174,8 +170,8 @@ class OffloadedRows:
         update, self.pending = self.pending, None
         groups = self.optimizer.next_step_groups()
         self.host_adam.log_step(learning_rates, set(groups) if update is not None else set())
-        if self.ahead is not None and not self.host_adam.foresaw(self.ahead.forecast):
-            self.ahead = None
+        if self.ahead is not None:
+            self.ahead.confirmed = self.host_adam.foresaw(self.ahead.forecast)
         if update is None:
             return
         update = self._with_overdue(update)

@@ -24,7 +24,7 @@ DIRECTIONS = ("host_to_device", "device_to_host")
 class InFlight:
     """Tensors on their way to the device."""
 
-    def __init__(self, tensors: dict[str, Tensor], done=None,
+    def __init__(self, tensors: dict[str, Tensor], done: torch.cuda.Event | None = None,
                  device: torch.device | None = None, waits: list | None = None) -> None:
         self._tensors = tensors
         self._done = done  # a CUDA event on ``device``'s copy stream; None: already there
