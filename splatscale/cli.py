@@ -184,6 +184,14 @@ def build_parser() -> argparse.ArgumentParser:
     forwarding.add_argument("--no-forwarding", dest="forwarding", action="store_false",
                             help="with --offload: run the host update after each step (the "
                                  "same results)")
+    lookahead = train.add_mutually_exclusive_group()
+    lookahead.add_argument("--lookahead", dest="lookahead", action="store_true", default=None,
+                           help="with --offload: send the rows the next batch needs and this "
+                                "step leaves alone while this step's backward pass runs "
+                                "(default on a GPU; on a CPU it costs more than it hides)")
+    lookahead.add_argument("--no-lookahead", dest="lookahead", action="store_false",
+                           help="with --offload: send each step's rows when it starts (the "
+                                "same results)")
     train.add_argument("--balance", choices=("cost", "uniform"), default="cost",
                        help="how ranks share a batch's pixel rows: equal estimated cost "
                             "(default) or equal row counts")

@@ -81,9 +81,11 @@ def _size_text(size: int) -> str:
 
 def _check_flags(args: Namespace) -> None:
     """Combinations of flags that argparse alone does not refuse."""
-    if args.forwarding is not None and not args.offload:
-        flag = "--forwarding" if args.forwarding else "--no-forwarding"
-        raise SplatscaleError(f"{flag}: only with --offload")
+    for name in ("forwarding", "lookahead"):
+        chosen = getattr(args, name)
+        if chosen is not None and not args.offload:
+            flag = f"--{name}" if chosen else f"--no-{name}"
+            raise SplatscaleError(f"{flag}: only with --offload")
     for flag, value in (("--port", args.port), ("--host", args.host)):
         if value is not None and not args.viewer:
             raise SplatscaleError(f"{flag}: only with --viewer")
@@ -278,7 +280,8 @@ def _fixed_cost(args: Namespace) -> RowCost | None:
 
 def _single_engine(args: Namespace) -> EngineFactory:
     if args.offload:
-        return partial(offload_engine, device=args.device, forwarding=args.forwarding)
+        return partial(offload_engine, device=args.device, forwarding=args.forwarding,
+                       lookahead=args.lookahead)
     return partial(local_engine, device=args.device)
 
 
@@ -291,7 +294,7 @@ def _distributed_engine(ranks: group.Ranks, where: Placement, args: Namespace,
     if args.offload:
         return offloaded_shard_engine(shard, batch_size, background, ssim_weight, args.balance,
                                       _fixed_cost(args), device=where.device,
-                                      forwarding=args.forwarding)
+                                      forwarding=args.forwarding, lookahead=args.lookahead)
     return distributed_engine(shard, batch_size, background, ssim_weight, args.balance,
                               _fixed_cost(args), device=where.device)
 

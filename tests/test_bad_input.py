@@ -228,6 +228,8 @@ def test_bad_checkpoints_are_refused(output, capsys, content, fragment):
     (["--pixel-cost", "cheap"], "argument --pixel-cost: not a number: 'cheap'"),
     (["--no-forwarding"], "--no-forwarding: only with --offload"),
     (["--forwarding"], "--forwarding: only with --offload"),
+    (["--lookahead"], "--lookahead: only with --offload"),
+    (["--no-lookahead"], "--no-lookahead: only with --offload"),
     (["--comm", "gloo"], "--comm gloo: chooses how several ranks talk"),
     (["--comm", "nccl", "--nproc", "2"], "--comm nccl: NCCL joins GPUs"),
 ])

@@ -315,12 +315,13 @@ def test_ranks_that_offload_their_shards_equal_one_device(tmp_path):
 
 
 def test_the_cli_offloads_and_resumes_on_one_device(tmp_path):
+    """Offloaded, looking ahead, then resumed: the model a resident run trains."""
     from splatscale.cli import main
     from splatscale.model.ply import read_ply
 
     common = ["--batch-size", "2", "--quiet", "--cache-dir", str(tmp_path / "cache")]
     assert main(["train", "-o", str(tmp_path / "a"), "--iterations", "20", "--offload",
-                 "--checkpoint-every", "20", *common]) == 0
+                 "--lookahead", "--checkpoint-every", "20", *common]) == 0
     assert main(["train", "-o", str(tmp_path / "a"), "--iterations", "40", "--resume",
                  *common]) == 0
     assert main(["train", "-o", str(tmp_path / "b"), "--iterations", "40", *common]) == 0
