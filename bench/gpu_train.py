@@ -13,7 +13,9 @@ defaults on a GPU), each run alone after a warm-up:
   exchange, partition and staging are the difference), ``--ranks-images``
   images at B = 2: the report's images per second, start-up excluded.
 
-``peak_gpu_bytes`` is ``torch.cuda.max_memory_allocated`` over the timed run.
+``peak_gpu_bytes`` is ``torch.cuda.max_memory_allocated`` over the timed run,
+``peak_gpu_reserved_bytes`` ``max_memory_reserved`` (the allocator's pools too:
+copies up have one of their own).
 Offloaded garden runs add the bytes copied each way per step (every copy: the
 culling bounds, keys and geometry refreshes beside the working set that
 ``host_to_device_bytes_per_step`` counts), the rate each direction's copies ran
@@ -52,10 +54,12 @@ from step import run as trainer_run
 def measured(device: str, timed_run) -> dict:
     if device == "cuda":
         torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # what earlier runs left cached is not this run's
         torch.cuda.reset_peak_memory_stats()
     result = timed_run()
     if device == "cuda":
         result["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
+        result["peak_gpu_reserved_bytes"] = torch.cuda.max_memory_reserved()
     return result
 
 

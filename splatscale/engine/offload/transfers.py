@@ -8,6 +8,12 @@ computes meanwhile. Values the host computes in order to send them are written
 straight into pinned buffers (``staging``). Gradients come down into pinned
 memory, every copy queued before one wait. On the CPU the device is host
 memory: nothing moves.
+
+Copies made on the copy stream live in the caching allocator's pool for that
+stream, beside the compute stream's: device memory reserved grows by the
+largest working set sent, not by what is allocated. Allocating them on the
+compute stream instead would order every copy behind the compute queued
+before it, and a step's early sends could no longer overlap its backward pass.
 """
 
 from __future__ import annotations
