@@ -108,10 +108,13 @@ def mcmc_run(engine, views: list[TrainView], batch_size: int = 2,
              steps: range = range(TRAIN_STEPS)) -> list[float]:
     """The Trainer's MCMC step order: regularised steps, relocation and growth to
     ``BINDING_BUDGET`` at steps 3 and 8 (opacity 0.3 counting as dead, so that some
-    move), noise after every step; the losses."""
+    move), noise after every step; the losses. Each step tells the engine the next
+    batch, as the Trainer does not with MCMC: what it edits voids the hint."""
     losses = []
     for step in steps:
         batch = [views[(batch_size * step + i) % len(views)] for i in range(batch_size)]
+        engine.expect([views[(batch_size * (step + 1) + i) % len(views)].camera
+                       for i in range(batch_size)], TRAIN_RATES)
         losses.append(engine.forward_backward(batch, track_stats=False,
                                               regularisers=Regularisers()).loss)
         engine.optimizer_step(TRAIN_RATES)

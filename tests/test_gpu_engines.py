@@ -88,7 +88,8 @@ def test_two_ranks_on_one_gpu_equal_one_process(engine, tmp_path):
 
 
 def offload_against_local(device: str, forwarding: bool | None = None) -> None:
-    """Four steps with Adam: the same losses and parameters to float32 agreement."""
+    """Four steps with Adam, each told the next batch: the same losses and parameters
+    to float32 agreement."""
     views, model = densifying_scene(torch.float32)
     rates = {"means": 1e-3, "sh0": 2.5e-3, "shN": 1e-4, "opacity_logits": 0.05,
              "log_scales": 5e-3, "quats": 1e-3}
@@ -97,6 +98,9 @@ def offload_against_local(device: str, forwarding: bool | None = None) -> None:
                                          forwarding=forwarding)}
     for step in range(4):
         batch = views[(step * BATCH) % len(views):][:BATCH]
+        after = [view.camera for view in views[((step + 1) * BATCH) % len(views):][:BATCH]]
+        for engine in engines.values():
+            engine.expect(after, rates)  # offloaded: the next batch's rows sent early
         losses = {name: e.forward_backward(batch, track_stats=True).loss
                   for name, e in engines.items()}
         assert losses["offload"] == pytest.approx(losses["local"], rel=1e-5), step

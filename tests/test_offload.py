@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from functools import partial
 
@@ -25,6 +26,7 @@ from splatscale.engine.offload.transfers import Transfers
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import render
 from splatscale.render.projection import visibility
+from splatscale.step.mcmc import Regularisers
 from splatscale.step.optimizer import GaussianAdam
 from tests.conftest import (capped_run, densifying_scene, look_at_camera, mcmc_run,
                             orbit_cameras, random_model, scheduled_run, state_by_key,
@@ -104,12 +106,13 @@ def test_offloaded_training_equals_local(local_runs, dtype, rtol, batch_size, fo
 
 # Under a budget, and MCMC (whose regularisers give every row a gradient each step).
 @pytest.mark.parametrize("run", [capped_run, mcmc_run])
-@pytest.mark.parametrize("forwarding", [True, False])
-def test_offloaded_strategies_equal_local(run, forwarding):
+@pytest.mark.parametrize("forwarding, lookahead", [(True, True), (False, False)])
+def test_offloaded_strategies_equal_local(run, forwarding, lookahead):
     views, model = densifying_scene()
     local = local_engine(model.detach(), 2, torch.zeros(3))
     expected_losses = run(local, views)
-    engine = offload_engine(model.detach(), 2, torch.zeros(3), forwarding=forwarding)
+    engine = offload_engine(model.detach(), 2, torch.zeros(3), forwarding=forwarding,
+                            lookahead=lookahead)
     np.testing.assert_allclose(run(engine, views), expected_losses, rtol=0)
     assert_same_sets(engine.state_dict(), local.state_dict(), 0.0)
 
@@ -165,6 +168,39 @@ def test_rows_sent_early_wait_for_the_step_they_were_sent_after():
     again = engine.forward_backward([views[3]], track_stats=True)  # no Adam step between
     assert again.diagnostics["sent_a_step_early"] == 0
     engine.optimizer_step(TRAIN_RATES)
+
+
+@pytest.mark.parametrize("edit", ["opacity reset", "checkpoint loaded", "every row's gradient"])
+def test_an_edit_drops_rows_sent_early(edit):
+    """Rows sent a step early hold the values the step leaves to rows it does not
+    see: where an edit after it (an opacity reset, a checkpoint loaded) or a gradient
+    of every row (MCMC's regularisers) changes them, they are sent again."""
+    views, model = offload_scene()
+    background = torch.zeros(3, dtype=model.means.dtype)
+    runs = []
+    for engine in (local_engine(model.detach(), 1, background),
+                   offload_engine(model.detach(), 1, background, lookahead=True)):
+        losses, saved = [], None
+        for step in range(10):
+            engine.expect([views[(step + 1) % len(views)].camera], TRAIN_RATES)
+            result = engine.forward_backward(
+                [views[step % len(views)]], track_stats=True,
+                regularisers=Regularisers() if (step, edit) == (6, "every row's gradient")
+                else None)
+            losses.append((result.loss, result.diagnostics.get("sent_a_step_early")))
+            engine.optimizer_step(TRAIN_RATES)
+            if step == 3:
+                saved = copy.deepcopy(engine.state_dict())
+            if (step, edit) == (6, "opacity reset"):
+                engine.reset_opacity()
+            elif (step, edit) == (6, "checkpoint loaded"):
+                engine.load_state_dict(saved)
+        runs.append((losses, engine.state_dict()))
+    (local_losses, local_state), (losses, state) = runs
+    assert [loss for loss, _ in losses] == [loss for loss, _ in local_losses]
+    assert_same_sets(state, local_state, 0.0)
+    early = [count for _, count in losses]
+    assert early[7] == 0 and sum(early[1:7]) > 0 and sum(early[8:]) > 0, str(early)
 
 
 def dense_and_deferred(seed: int, rows: int = 300):
@@ -340,6 +376,9 @@ def test_copies_land_whole_and_are_counted(device):
     assert staged.is_pinned() == (device == "cuda")
     staged.copy_(torch.randn(staged.shape))
     plain = torch.arange(1 << 20)
+    if device == "cuda":  # the copies start late: a read that did not wait would see it
+        with torch.cuda.stream(transfers.stream):
+            torch.cuda._sleep(10 ** 8)
     in_flight = transfers.send({"staged": staged, "plain": plain})
     busy = torch.randn(2048, 2048, device=device)
     busy = busy @ busy  # the compute stream works while the copies run
@@ -347,7 +386,7 @@ def test_copies_land_whole_and_are_counted(device):
     sums = {name: float(t.double().sum()) for name, t in landed.items()}
     assert sums == {"staged": float(staged.double().sum()), "plain": float(plain.sum())}
     assert all(t.device.type == device for t in landed.values())
-    back = transfers.download({"plain": landed["plain"] * 2})
+    back = transfers.download({"plain": landed["plain"] * 2}).ready()
     assert torch.equal(back["plain"], plain * 2)
     assert transfers.bytes == {"host_to_device": staged.nbytes + plain.nbytes,
                                "device_to_host": plain.nbytes}

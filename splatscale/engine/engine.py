@@ -28,7 +28,7 @@ One step, as the Trainer calls it with the 3DGS strategy (3DGS's order)::
                                step's learning rates, where known (a hint)
     forward_backward(batch)  compute.forward_backward(rows, batch):
                                rows.working_set(cameras) -> render, loss, backward
-                               -> statistics -> rows.gradients_taken(working)
+                               -> rows.gradients_taken(working), statistics
     densify_and_prune(...)   rows.bring_current(); densify(rows.model, rows.optimizer,
                                rows.stats); compute.densified(rows); rows.rows_replaced()
     reset_opacity()          rows.bring_current(); reset_opacity(rows.model, rows.optimizer)

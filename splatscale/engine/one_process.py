@@ -36,17 +36,20 @@ class OneProcess:
     def forward_backward(self, rows: Rows, batch: list[TrainView],
                          track_stats: bool) -> StepResult:
         working = rows.working_set([view.camera for view in batch])
-        splats, result = self.loss_backward(working.model, batch, working.seen)
+        splats, loss, mean_psnr = self.loss_backward(working.model, batch, working.seen)
+        # Before anything waits for the backward pass: on a GPU the rows work beside it.
+        rows.gradients_taken(working)
         if track_stats:
             track(rows.stats, splats, batch,
                   working.rows[splats.gaussian_ids.to(working.rows.device)])
-        rows.gradients_taken(working)
+        result = StepResult(loss.item(), mean_psnr)
         result.diagnostics.update(working.measured)
         return result
 
     def loss_backward(self, model: GaussianModel, batch: list[TrainView],
-                      seen: Visibility | None = None) -> tuple[Splats, StepResult]:
-        """Render ``batch`` from ``model``, its loss averaged over the views, backward."""
+                      seen: Visibility | None = None) -> tuple[Splats, Tensor, float]:
+        """Render ``batch`` from ``model``, its loss averaged over the views, backward
+        (queued: on a GPU it may still run); the loss and the views' mean PSNR."""
         splats = project(model, [view.camera for view in batch], seen, self.backend)
         splats.means2d.retain_grad()
         loss, psnrs = 0.0, []
@@ -58,7 +61,7 @@ class OneProcess:
             psnrs.append(psnr(out.rgb.detach(), target))
         loss = loss / len(batch)
         loss.backward()
-        return splats, StepResult(loss.item(), sum(psnrs) / len(psnrs))
+        return splats, loss.detach(), sum(psnrs) / len(psnrs)
 
     @torch.no_grad()
     def render(self, rows: Rows, camera: Camera) -> RenderOutput:

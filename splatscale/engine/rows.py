@@ -61,8 +61,8 @@ class Rows(Protocol):
         ...
 
     def gradients_taken(self, working: WorkingSet) -> None:
-        """Pre: the backward pass has run: ``working.model``'s gradients are the
-        step's. They are kept for ``step``."""
+        """Pre: the backward pass has been queued (on a GPU it may still run):
+        ``working.model``'s gradients will be the step's. They are kept for ``step``."""
         ...
 
     def expect(self, cameras: list[Camera], learning_rates: dict[str, float]) -> None:

@@ -84,13 +84,16 @@ class Sources:
             return fresh if positions is None else {n: t[positions] for n, t in fresh.items()}
         positions = torch.arange(len(self.early)) if positions is None else positions.cpu()
         early = self.early[positions]
-        parts = [(self._sent_early.ready(), early), (fresh, ~early)]
-        picks = [(self._upload(part.nonzero()[:, 0]), self._upload(self._index[positions[part]]))
-                 for _, part in parts]
-        taken = {}
+        parts = (early, ~early)
+        # For each part, where its rows go and where they are in it: one upload.
+        indices = [i for part in parts
+                   for i in (part.nonzero()[:, 0], self._index[positions[part]])]
+        into_early, of_early, into_fresh, of_fresh = self._upload(torch.cat(indices)).split(
+            [len(i) for i in indices])
+        sent_early, taken = self._sent_early.ready(), {}
         for name, values in fresh.items():
             rows = values.new_empty((len(positions), *values.shape[1:]))
-            for (source, _), (into, of) in zip(parts, picks):
-                rows.index_copy_(0, into, source[name].index_select(0, of))
+            rows.index_copy_(0, into_early, sent_early[name].index_select(0, of_early))
+            rows.index_copy_(0, into_fresh, values.index_select(0, of_fresh))
             taken[name] = rows
         return taken

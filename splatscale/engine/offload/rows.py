@@ -90,12 +90,12 @@ class OffloadedRows:
         ahead, self.ahead = self.ahead, None
         ahead = ahead if ahead is not None and ahead.serves(cameras) else None
         rows = ahead.candidates if ahead is not None else self.candidates(cameras)
-        self.ahead = self._look_ahead()
         sources = Sources(rows, ahead, self.transfers.upload)
         sent = self._send(sources.fresh_rows, EXACT_TEST).ready()
         tested = sources.taken(sent)
         seen = visibility(SimpleNamespace(**tested), cameras)
         rest = self._send(sources.fresh_rows, REST)
+        self.ahead = self._look_ahead()  # its cull queued behind the test
         kept = seen.visible.any(dim=0).nonzero()[:, 0]
         rest_sent = rest.ready()
         values = {**{n: t[kept] for n, t in tested.items()}, **sources.taken(rest_sent, kept)}
@@ -141,11 +141,11 @@ class OffloadedRows:
                      self.candidates(expected.cameras, forecast.adam))
 
     def gradients_taken(self, working: WorkingSet) -> None:
+        grads = self.transfers.download({n: p.grad if p.grad is not None else torch.zeros_like(p)
+                                         for n, p in working.model.parameters().items()})
         if self.ahead is not None:
             self._send_ahead(self.ahead, working.rows)
-        self.pending = Update(working.rows, self.transfers.download({
-            n: p.grad if p.grad is not None else torch.zeros_like(p)
-            for n, p in working.model.parameters().items()}))
+        self.pending = Update(working.rows, grads.ready())
 
     def _send_ahead(self, ahead: Ahead, seen: Tensor) -> None:
         """While the device runs the backward pass: the next step's candidates that

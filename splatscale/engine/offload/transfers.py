@@ -6,7 +6,8 @@ flight, and the device's compute stream waits for them only where it first
 reads them (``InFlight.ready``), so that they overlap whatever the device
 computes meanwhile. Values the host computes in order to send them are written
 straight into pinned buffers (``staging``). Gradients come down into pinned
-memory, every copy queued before one wait. On the CPU the device is host
+memory, queued behind the backward pass, every copy before one wait
+(``Landing.ready``). On the CPU the device is host
 memory: nothing moves.
 
 Copies made on the copy stream live in the caching allocator's pool for that
@@ -49,6 +50,22 @@ class InFlight:
         return self._tensors
 
 
+class Landing:
+    """Tensors on their way to host memory."""
+
+    def __init__(self, tensors: dict[str, Tensor], done: torch.cuda.Event | None = None
+                 ) -> None:
+        self._tensors = tensors
+        self._done = done  # a CUDA event after the copies; None: already there
+
+    def ready(self) -> dict[str, Tensor]:
+        """The copies, complete: the host waits for them here."""
+        if self._done is not None:
+            self._done.synchronize()
+            self._done = None
+        return self._tensors
+
+
 class Transfers:
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -79,18 +96,20 @@ class Transfers:
         """``tensor`` (in host memory) on the device, ready for the current stream."""
         return self.send({"tensor": tensor}).ready()["tensor"]
 
-    def download(self, tensors: dict[str, Tensor]) -> dict[str, Tensor]:
-        """Each of ``tensors`` in host memory, its copy complete."""
+    def download(self, tensors: dict[str, Tensor]) -> Landing:
+        """Each of ``tensors`` copied to host memory, queued on the current stream
+        behind whatever computes them; the host goes on until ``ready``."""
         self.bytes["device_to_host"] += sum(t.nbytes for t in tensors.values())
         if not self.on_gpu:
-            return {name: t.cpu() for name, t in tensors.items()}
+            return Landing({name: t.cpu() for name, t in tensors.items()})
         host = {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
                 for name, t in tensors.items()}
         with self._timing("device_to_host"):
             for name, t in tensors.items():
                 host[name].copy_(t, non_blocking=True)
-        torch.cuda.current_stream(self.device).synchronize()
-        return host
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(self.device))
+        return Landing(host, done)
 
     def seconds(self) -> dict[str, float]:
         """Each direction's copy time so far on the device, and ``waited``: how long
