@@ -7,8 +7,8 @@ defaults on a GPU), each run alone after a warm-up:
 - ``--gaussians`` (1M) garden Gaussians seen by the three garden cameras in
   turn, engine steps at B = 1 against a flat grey target (the speed of a step
   does not depend on what the image shows), each told the next camera as the
-  Trainer tells it; offloaded again with lookahead off (on the CPU, where it is
-  off by default: on), to weigh it;
+  Trainer tells it; offloaded again with lookahead flipped from its default
+  (off on a GPU, on on the CPU), to weigh it;
 - ``splatscale train`` on snowmiku in one process and with 2 ranks on the one
   device (two ranks on one GPU talk over gloo through host memory; their
   exchange, partition and staging are the difference), ``--ranks-images``

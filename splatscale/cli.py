@@ -88,6 +88,17 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _add_offload_switch(parser: argparse.ArgumentParser, name: str, on: str, off: str
+                        ) -> None:
+    """``--NAME`` and ``--no-NAME``, one at most: ``args.NAME`` True, False or None
+    (the device's default)."""
+    switch = parser.add_mutually_exclusive_group()
+    switch.add_argument(f"--{name}", dest=name, action="store_true", default=None,
+                        help=f"with --offload: {on}")
+    switch.add_argument(f"--no-{name}", dest=name, action="store_false",
+                        help=f"with --offload: {off}")
+
+
 def _add_serving(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=_integer(1, 65535), default=None,
                         help="the viewer's port (default 8080)")
@@ -175,23 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="keep the Gaussians and optimiser state in host memory, the "
                             "device holding 44 bytes per Gaussian and each step's visible "
                             "ones (GS-Scale); with --nproc, each rank offloads its shard")
-    forwarding = train.add_mutually_exclusive_group()
-    forwarding.add_argument("--forwarding", dest="forwarding", action="store_true",
-                            default=None,
-                            help="with --offload: run the host update of each step beside "
-                                 "the device's next step (default on a GPU; on a CPU the two "
-                                 "share the cores and it is off)")
-    forwarding.add_argument("--no-forwarding", dest="forwarding", action="store_false",
-                            help="with --offload: run the host update after each step (the "
-                                 "same results)")
-    lookahead = train.add_mutually_exclusive_group()
-    lookahead.add_argument("--lookahead", dest="lookahead", action="store_true", default=None,
-                           help="with --offload: send the rows the next batch needs and this "
-                                "step leaves alone while this step's backward pass runs "
-                                "(default on a GPU; on a CPU it costs more than it hides)")
-    lookahead.add_argument("--no-lookahead", dest="lookahead", action="store_false",
-                           help="with --offload: send each step's rows when it starts (the "
-                                "same results)")
+    _add_offload_switch(train, "forwarding",
+                        "run the host update of each step beside the device's next step "
+                        "(default on a GPU; on a CPU the two share the cores and it is off)",
+                        "run the host update after each step (the same results)")
+    _add_offload_switch(train, "lookahead",
+                        "send the rows the next batch needs and this step leaves alone "
+                        "while this step's backward pass runs (default on a GPU; on a CPU "
+                        "it costs more than it hides)",
+                        "send each step's rows when it starts (the same results)")
     train.add_argument("--balance", choices=("cost", "uniform"), default="cost",
                        help="how ranks share a batch's pixel rows: equal estimated cost "
                             "(default) or equal row counts")

@@ -104,6 +104,15 @@ def capped_run(engine, views: list[TrainView], steps: range = range(TRAIN_STEPS)
                          grad_threshold=5e-3, max_gaussians=BINDING_BUDGET)
 
 
+def batch_at(views: list[TrainView], batch_size: int, step: int) -> list[TrainView]:
+    """The batch of ``step`` when batches take ``views`` in turn."""
+    return [views[(batch_size * step + i) % len(views)] for i in range(batch_size)]
+
+
+def cameras_of(batch: list[TrainView]) -> list:
+    return [view.camera for view in batch]
+
+
 def mcmc_run(engine, views: list[TrainView], batch_size: int = 2,
              steps: range = range(TRAIN_STEPS)) -> list[float]:
     """The Trainer's MCMC step order: regularised steps, relocation and growth to
@@ -112,10 +121,9 @@ def mcmc_run(engine, views: list[TrainView], batch_size: int = 2,
     batch, as the Trainer does not with MCMC: what it edits voids the hint."""
     losses = []
     for step in steps:
-        batch = [views[(batch_size * step + i) % len(views)] for i in range(batch_size)]
-        engine.expect([views[(batch_size * (step + 1) + i) % len(views)].camera
-                       for i in range(batch_size)], TRAIN_RATES)
-        losses.append(engine.forward_backward(batch, track_stats=False,
+        engine.expect(cameras_of(batch_at(views, batch_size, step + 1)), TRAIN_RATES)
+        losses.append(engine.forward_backward(batch_at(views, batch_size, step),
+                                              track_stats=False,
                                               regularisers=Regularisers()).loss)
         engine.optimizer_step(TRAIN_RATES)
         if step in (3, 8):
@@ -134,10 +142,9 @@ def scheduled_run(engine, views: list[TrainView], batch_size: int, steps: range,
     batch's cameras, as the Trainer does."""
     losses = []
     for step in steps:
-        batch = [views[(batch_size * step + i) % len(views)] for i in range(batch_size)]
-        engine.expect([views[(batch_size * (step + 1) + i) % len(views)].camera
-                       for i in range(batch_size)], TRAIN_RATES)
-        losses.append(engine.forward_backward(batch, track_stats=True).loss)
+        engine.expect(cameras_of(batch_at(views, batch_size, step + 1)), TRAIN_RATES)
+        losses.append(engine.forward_backward(batch_at(views, batch_size, step),
+                                              track_stats=True).loss)
         after_forward(engine)
         if step in densify:
             engine.densify_and_prune(grad_threshold=grad_threshold, percent_dense=0.15,

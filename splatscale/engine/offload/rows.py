@@ -100,8 +100,9 @@ class OffloadedRows:
         rest_sent = rest.ready()
         values = {**{n: t[kept] for n, t in tested.items()}, **sources.taken(rest_sent, kept)}
         kept_rows = kept.cpu()
-        sent.update(rest_sent)
-        measured = {"host_to_device_bytes": sum(sent[n].nbytes for n in GaussianModel.PARAMETERS),
+        sent_bytes = sum(t.nbytes for part in (sent, rest_sent) for n, t in part.items()
+                         if n != "keys")
+        measured = {"host_to_device_bytes": sent_bytes,
                     "candidates": len(rows), "visible": len(kept),
                     "sent_a_step_early": int(sources.early[kept_rows].sum())}
         model = GaussianModel(**values, sh_degree=self.model.sh_degree)

@@ -7,8 +7,7 @@ reads them (``InFlight.ready``), so that they overlap whatever the device
 computes meanwhile. Values the host computes in order to send them are written
 straight into pinned buffers (``staging``). Gradients come down into pinned
 memory, queued behind the backward pass, every copy before one wait
-(``Landing.ready``). On the CPU the device is host
-memory: nothing moves.
+(``Landing.ready``). On the CPU the device is host memory: nothing moves.
 
 Copies made on the copy stream live in the caching allocator's pool for that
 stream, beside the compute stream's: device memory reserved grows by the
