@@ -7,22 +7,31 @@ from pathlib import Path
 
 from splatscale.errors import DataError
 
-PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".webp", ".bmp")
+PHOTO_SUFFIXES = (".jpg", ".jpeg", ".png", ".tif", ".tiff", ".webp", ".bmp", ".heic", ".heif")
 VIDEO_SUFFIXES = (".mp4", ".mov", ".m4v", ".avi", ".mkv", ".webm", ".mts", ".mpg", ".mpeg")
 MIN_VIEWS = 3  # SfM's least: two views make a pair, a third is registered against them
+SHOWN = 4  # names a message lists before "..."
 
 
 @dataclass(frozen=True)
 class Sources:
-    """The input's photos or its videos (one kind), sorted by name."""
+    """The input's photos or its videos (one kind), sorted by name, and the folder's
+    other files, which are neither and are skipped."""
 
     photos: tuple[Path, ...] = ()
     videos: tuple[Path, ...] = ()
+    others: tuple[Path, ...] = ()
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """The photos or videos the scene is made from."""
+        return self.photos + self.videos
 
 
 def find_sources(path: Path) -> Sources:
     """The photos or videos at ``path``: a video file, or the files of a folder (not
-    its subfolders). Refuses an input with neither, with both, or with too few photos."""
+    its subfolders, nor its dot-named files). Refuses an input with neither, with both,
+    or with too few photos."""
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
     if path.is_file():
@@ -33,6 +42,7 @@ def find_sources(path: Path) -> Sources:
     files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
     photos = tuple(p for p in files if p.suffix.lower() in PHOTO_SUFFIXES)
     videos = tuple(p for p in files if p.suffix.lower() in VIDEO_SUFFIXES)
+    others = tuple(p for p in files if p.suffix.lower() not in PHOTO_SUFFIXES + VIDEO_SUFFIXES)
     if photos and videos:
         raise DataError(f"{path}: holds both images and videos; prepare one kind at a time")
     if not photos and not videos:
@@ -41,4 +51,9 @@ def find_sources(path: Path) -> Sources:
     if photos and len(photos) < MIN_VIEWS:
         raise DataError(f"{path}: {len(photos)} image{'s' if len(photos) > 1 else ''}; "
                         f"structure from motion needs at least {MIN_VIEWS} views")
-    return Sources(photos, videos)
+    return Sources(photos, videos, others)
+
+
+def a_few(names: list[str]) -> str:
+    """The first ``SHOWN`` of ``names`` for a one-line message, "..." for the rest."""
+    return ", ".join(names[:SHOWN]) + (", ..." if len(names) > SHOWN else "")

@@ -3,7 +3,13 @@
 A photo that needs nothing (upright, JPEG or PNG) is copied byte for byte,
 keeping its EXIF, which gives SfM a focal length to start from. A photo with an
 EXIF orientation is turned upright (a JPEG stays a JPEG, at quality 95, its EXIF
-kept without the orientation); any other format becomes a lossless 8-bit PNG.
+kept without the orientation); any other format (TIFF, WebP, HEIC, ...) becomes a
+lossless 8-bit PNG named by the whole file name, ``a.tif.png``, so that ``a.tif``
+and ``a.png`` stay two images.
+
+HEIC photos open through pillow-heif, decoded upright by their own rotation and
+mirroring (HEIF's ``irot``/``imir``, which the format says rule over EXIF); it sets
+their EXIF orientation to 1, so they are not turned twice.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from PIL import Image, ImageOps
+from pillow_heif import register_heif_opener
 
 from splatscale.atomic import atomic_path
 from splatscale.data.images import to_rgb8
@@ -22,6 +29,8 @@ ORIENTATION, MAKE, MODEL = 0x0112, 0x010F, 0x0110
 EXIF_IFD, FOCAL_LENGTH, FOCAL_35MM = 0x8769, 0x920A, 0xA405
 KEPT_FORMATS = ("JPEG", "PNG")
 JPEG_QUALITY = 95
+
+register_heif_opener()
 
 
 @dataclass(frozen=True)
@@ -43,7 +52,8 @@ def inspect_photo(path: Path) -> Photo:
             exif = image.getexif()
             size, fmt = image.size, image.format
     except (OSError, SyntaxError, ValueError) as error:
-        raise DataError(f"{path}: not a readable image ({error})") from None
+        reason = " ".join(str(error).split())  # libheif's end in a newline: one line
+        raise DataError(f"{path}: not a readable image ({reason})") from None
     orientation = exif.get(ORIENTATION, 1)
     if orientation in (5, 6, 7, 8):  # a quarter turn: width and height swap
         size = size[::-1]
@@ -51,7 +61,7 @@ def inspect_photo(path: Path) -> Photo:
     camera = (exif.get(MAKE), exif.get(MODEL), details.get(FOCAL_LENGTH),
               details.get(FOCAL_35MM), size)
     copy = orientation == 1 and fmt in KEPT_FORMATS
-    name = path.name if copy or fmt == "JPEG" else path.stem + ".png"
+    name = path.name if fmt in KEPT_FORMATS else f"{path.name}.png"
     return Photo(path, name, copy, tuple(str(v) if v is not None else None for v in camera))
 
 
@@ -71,7 +81,8 @@ def write_photo(photo: Photo, folder: Path) -> None:
 
 
 def check_names(photos: list[Photo]) -> None:
-    """Refuse two photos that would be written under one name (``a.tif`` and ``a.png``)."""
+    """Refuse two photos that would be written under one name (``a.tif`` and a PNG
+    named ``a.tif.png``)."""
     seen: dict[str, Path] = {}
     for photo in photos:
         if photo.name in seen:
