@@ -1,17 +1,18 @@
 """``splatscale prepare``: photos or videos to a COLMAP scene, stage by stage.
 
-Every check that can fail on the input (the files found, every photo decoded,
-every video opened and its frames counted, the output folder and its lock) runs
-before the output folder is written. Then: images (normalised once, so SfM and
-training read the same pixels), features, matching, mapping, the largest model
-written to ``sparse/0``. Each stage shows its progress and is timed.
+Every check that can fail on the input (the files found, the output folder apart
+from them, every photo decoded, every video opened and its frames counted, the
+output folder and its lock) runs before the output folder is written, and the
+notices said meanwhile wait until they have all passed. Then: images (normalised
+once, so SfM and training read the same pixels), features, matching, mapping, the
+largest model written to ``sparse/0``. Each stage shows its progress and is timed.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterator
@@ -20,13 +21,13 @@ from tqdm import tqdm
 
 from splatscale.errors import DataError
 from splatscale.folder_lock import locked_folder
-from splatscale.messages import notice
+from splatscale.messages import held, notice
 from splatscale.prepare.frames import count_frames, extract_frames
 from splatscale.prepare.photos import Photo, check_names, inspect_photo, write_photo
-from splatscale.prepare.scene_folder import STAGING_IMAGES, SceneFolder
+from splatscale.prepare.scene_folder import STAGING_IMAGES, SceneFolder, source_record
 from splatscale.prepare.sfm import (SfmSettings, extract_features, image_pairs, map_scene,
                                     match_features, quiet_logs)
-from splatscale.data.media import MIN_VIEWS, Sources, find_sources
+from splatscale.data.media import MIN_VIEWS, Sources, a_few, find_sources
 
 
 @dataclass(frozen=True)
@@ -46,36 +47,73 @@ class Inputs:
 
     sources: Sources
     photos: list[Photo]
-    frames: dict[Path, tuple[int, int]]  # video: (frames to take, frames it has)
+    frames: dict[Path, tuple[int, int]]  # video: (frames to take, frames it holds)
+    record: dict[str, dict[str, int]]    # what the scene is made from (scene_folder)
 
 
 def prepare(request: Request) -> dict:
     """Check everything, then make the scene; the report of what SfM found."""
     quiet_logs(request.verbose)
-    inputs = _checked_inputs(request)
-    if request.sfm.matcher is None:
-        request = replace(request, sfm=replace(
-            request.sfm, matcher="sequential" if inputs.sources.videos else "exhaustive"))
-    settings = {"input": str(request.input.resolve()), "camera_model": request.sfm.camera_model,
-                "max_image_size": request.sfm.max_image_size,
-                "frames": request.frames if inputs.sources.videos else None}
     folder = SceneFolder(request.output)
-    with locked_folder(folder.path):
-        manifest = folder.check(settings, request.overwrite)
+    with ExitStack() as lock:
+        with held():
+            inputs = check_inputs(request)
+            request = _with_matcher(request, inputs)
+            settings = _settings(request, inputs)
+            lock.enter_context(locked_folder(folder.path))
+            manifest = folder.check(settings, inputs.record, request.overwrite)
         if manifest is None:
             folder.clear()
-            manifest = {"settings": settings}
+            manifest = {"settings": settings, "sources": inputs.record}
         folder.clear_partial()
         return _make_scene(request, inputs, folder, manifest)
 
 
-def _checked_inputs(request: Request) -> Inputs:
+def check_inputs(request: Request) -> Inputs:
+    """Every input file checked (nothing written): the output folder apart from them,
+    each photo decoded, each video's frames counted; notices for the files skipped
+    and the videos that hold fewer frames than their headers list."""
     sources = find_sources(request.input)
+    _check_apart(request.output, request.input, sources)
+    if sources.others:
+        notice(f"{request.input}: skipping {len(sources.others)} file"
+               f"{'s' if len(sources.others) > 1 else ''} neither photo nor video: "
+               f"{a_few([path.name for path in sources.others])}")
     photos = [inspect_photo(path) for path in _bar(request, sources.photos, "checking images",
                                                    "image")]
     check_names(photos)
     counts = {video: count_frames(video) for video in sources.videos}
-    return Inputs(sources, photos, _share_frames(request.frames, counts))
+    return Inputs(sources, photos, _share_frames(request.frames, counts),
+                  source_record(sources.files))
+
+
+def _check_apart(output: Path, given: Path, sources: Sources) -> None:
+    """Refuse an output folder that holds the input, or any of its files, or lies
+    inside it (paths compared with links followed): clearing or writing it could
+    reach the user's files."""
+    scene = output.resolve()
+    for path in (given, *sources.files):
+        if path.resolve().is_relative_to(scene):
+            raise DataError(f"{output}: holds the input {path}; choose a scene folder "
+                            "apart from the photos and videos")
+    if scene.is_relative_to(given.resolve()):
+        raise DataError(f"{output}: inside the input {given}; choose a scene folder "
+                        "apart from the photos and videos")
+
+
+def _with_matcher(request: Request, inputs: Inputs) -> Request:
+    """``request`` with its matcher chosen: sequential for video frames, else exhaustive."""
+    if request.sfm.matcher is not None:
+        return request
+    return replace(request, sfm=replace(
+        request.sfm, matcher="sequential" if inputs.sources.videos else "exhaustive"))
+
+
+def _settings(request: Request, inputs: Inputs) -> dict:
+    """What a continued scene must have been made with."""
+    return {"input": str(request.input.resolve()), "camera_model": request.sfm.camera_model,
+            "max_image_size": request.sfm.max_image_size,
+            "frames": request.frames if inputs.sources.videos else None}
 
 
 def _share_frames(wanted: int, counts: dict[Path, int]) -> dict[Path, tuple[int, int]]:
