@@ -4,6 +4,7 @@ known ones, resumable, and one line for each bad input."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -67,6 +68,8 @@ def test_photos_make_a_scene_whose_cameras_match_the_known_ones(prepared):
     assert set(report["seconds"]) == {"images", "features", "matching", "mapping"}
     for photo in photos.iterdir():  # upright JPEGs are taken byte for byte
         assert (scene / "images" / photo.name).read_bytes() == photo.read_bytes()
+    sources = json.loads((scene / "prepare.json").read_text())["sources"]
+    assert sorted(sources) == sorted(p.name for p in photos.iterdir())
     assert_close_to_known(poses(load_scene(scene)), 33)
 
 
@@ -76,6 +79,34 @@ def test_running_again_reuses_features_and_matches(prepared, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["reused"] == {"images": True, "features": 33, "pairs": 33 * 32 // 2}
     assert report["registered"] == 33
+
+
+@pytest.mark.parametrize("change", ["added", "removed", "changed"])
+def test_photos_changed_since_the_scene_was_made_are_refused(change, prepared, tmp_path,
+                                                             capsys):
+    photos, scene, _ = prepared
+    name = sorted(photos.iterdir())[5].name
+    before = snapshot(scene)
+    try:
+        if change == "added":
+            name = sorted((SNOWMIKU / "images").iterdir())[1].name  # not among every 3rd
+            shutil.copyfile(SNOWMIKU / "images" / name, photos / name)
+        elif change == "removed":
+            (photos / name).rename(tmp_path / name)
+        else:
+            stat = (photos / name).stat()
+            os.utime(photos / name, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10 ** 9))
+        code = main(["prepare", str(photos), "-o", str(scene), "--quiet"])
+    finally:  # the module's scene is made from the photos as they were
+        if change == "added":
+            (photos / name).unlink()
+        elif change == "removed":
+            (tmp_path / name).rename(photos / name)
+        else:
+            os.utime(photos / name, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert_clean_error(code, capsys.readouterr().err, str(photos.resolve()), "1 file",
+                       f"{name} ({change})", "--overwrite")
+    assert snapshot(scene) == before
 
 
 def test_changed_settings_are_refused_and_change_nothing(prepared, capsys):
@@ -97,9 +128,9 @@ def test_a_video_goes_through_the_video_path(tmp_path, capsys):
     assert report["images"] == 24 and report["registered"] >= 20
     assert report["sfm"]["matcher"] == "sequential" and report["cameras"] == 1
     names = sorted(p.name for p in (scene / "images").iterdir())
-    assert len(names) == 24 and all(name.startswith("orbit_") for name in names)
+    assert len(names) == 24 and all(name.startswith("orbit.mp4_") for name in names)
     # Frame k is photo k: its known pose is that photo's.
-    found = {frames[int(name[6:12])].name: pose for name, pose in
+    found = {frames[int(name[10:16])].name: pose for name, pose in
              poses(load_scene(scene)).items()}
     assert_close_to_known(found, 20)
 

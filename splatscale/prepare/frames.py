@@ -17,6 +17,7 @@ from PIL import Image
 
 from splatscale.atomic import atomic_path
 from splatscale.errors import DataError
+from splatscale.messages import notice
 
 SHARPNESS_WIDTH = 640
 JPEG_QUALITY = 95
@@ -44,21 +45,24 @@ def _open(path: Path):
 
 
 def count_frames(path: Path) -> int:
-    """The video's frame count: its header's, else its packets counted (no decoding).
-    Refuses a file that cannot be opened or holds no frame."""
+    """The frames the video holds, its packets counted (no decoding): the header of a
+    file cut short still lists them all, so it is not trusted, and a notice says when
+    it lists more. Refuses a file that cannot be opened or holds no frame."""
     import av
 
     with _open(path) as container:
         stream = container.streams.video[0]
-        total = stream.frames
-        if not total:
-            try:
-                total = sum(1 for packet in container.demux(stream) if packet.size)
-            except av.error.FFmpegError as error:
-                raise DataError(f"{path}: cannot be read ({error})") from None
-    if not total:
+        listed = stream.frames  # 0 where the container does not say
+        try:
+            held = sum(1 for packet in container.demux(stream) if packet.size)
+        except av.error.FFmpegError as error:
+            raise DataError(f"{path}: cannot be read ({error})") from None
+    if not held:
         raise DataError(f"{path}: holds no video frames")
-    return total
+    if held < listed:
+        notice(f"{path}: holds {held} of the {listed} frames its header lists (cut "
+               f"short?); frames are taken from those {held}")
+    return held
 
 
 def _upright(frame) -> Image.Image:
@@ -76,8 +80,10 @@ def _grey(frame) -> np.ndarray:
 def extract_frames(path: Path, count: int, total: int, folder: Path,
                    advance: Callable[[int], None] = lambda n: None) -> list[str]:
     """Write the sharpest frame of each of ``count`` windows over the video's ``total``
-    frames to ``folder`` as ``<video stem>_<frame index>.jpg``; their names, in order.
-    ``advance(1)`` is called for each frame decoded. One frame per window is held."""
+    frames to ``folder`` as ``<video file name>_<frame index>.jpg`` (``clip.mp4`` and
+    ``clip.mkv`` of one folder give names apart); their names, in order. A notice
+    says when decoding ends before ``total``. ``advance(1)`` is called for each frame
+    decoded. One frame per window is held."""
     import av
 
     windows = min(count, total)
@@ -85,7 +91,7 @@ def extract_frames(path: Path, count: int, total: int, folder: Path,
     best: tuple[int, float, int, Image.Image] | None = None  # window, score, index, image
 
     def keep(window_best: tuple[int, float, int, Image.Image]) -> None:
-        name = f"{path.stem}_{window_best[2]:06d}.jpg"
+        name = f"{path.name}_{window_best[2]:06d}.jpg"
         with atomic_path(folder / name) as tmp:
             window_best[3].save(tmp, format="JPEG", quality=JPEG_QUALITY)
         names.append(name)
@@ -108,4 +114,7 @@ def extract_frames(path: Path, count: int, total: int, folder: Path,
             raise DataError(f"{path}: cannot be decoded at frame {index + 2} ({error})") from None
     if best is not None:
         keep(best)
+    if index + 1 < total:
+        notice(f"{path}: decoding ended after {index + 1} of its {total} frames; "
+               f"{len(names)} of the {windows} frames asked were taken from those")
     return names

@@ -1,0 +1,203 @@
+"""`splatscale prepare` never loses or corrupts the user's files, and says what it
+skips: the checks that refuse before SfM runs, and the names it writes (all cheap:
+no SfM here; tests/test_prepare.py has the runs)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from splatscale.cli import main
+from splatscale.prepare.frames import extract_frames
+from splatscale.prepare.photos import ORIENTATION, inspect_photo, write_photo
+from splatscale.prepare.pipeline import Request, check_inputs
+from splatscale.prepare.scene_folder import SceneFolder, source_record
+from splatscale.prepare.sfm import SfmSettings
+from bench.scenes import write_video
+from tests.test_bad_input import assert_clean_error
+from tests.test_prepare import some_photos
+from tests.test_refused_runs import snapshot
+
+
+def noise_image(path: Path, seed: int = 0, size: tuple[int, int] = (60, 40), **save) -> Path:
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(
+        path, **save)
+    return path
+
+
+def made_scene(scene: Path) -> Path:
+    """A folder as ``prepare`` leaves it, as far as the checks look: three photos in
+    ``images/``, ``sparse/0``, the database and the manifest."""
+    some_photos(scene / "images", every=40)
+    (scene / "sparse" / "0").mkdir(parents=True)
+    (scene / "sparse" / "0" / "cameras.bin").write_bytes(b"model")
+    (scene / "database.db").write_bytes(b"features")
+    (scene / "prepare.json").write_text(json.dumps({"settings": {"input": "elsewhere"}}))
+    return scene
+
+
+def prepare(*args) -> int:
+    return main(["prepare", *map(str, args), "--quiet"])
+
+
+def checked(source: Path, output: Path, frames: int = 100):
+    return check_inputs(Request(source, output, frames, SfmSettings(), progress=False))
+
+
+@pytest.mark.parametrize("case", ["its own images", "a link to the scene",
+                                  "a photo linked from the scene", "the video's folder",
+                                  "inside the photos"])
+def test_an_output_holding_the_input_or_inside_it_is_refused(case, tmp_path, capsys):
+    scene = made_scene(tmp_path / "scene")
+    source, output = scene / "images", scene
+    if case == "a link to the scene":
+        output = tmp_path / "link"
+        output.symlink_to(scene)
+    elif case == "a photo linked from the scene":
+        source = tmp_path / "photos"
+        some_photos(source, every=40)
+        (source / "linked.jpg").symlink_to(next((scene / "images").iterdir()))
+    elif case == "the video's folder":
+        source = scene / "clip.mp4"  # refused before it is opened
+        source.write_bytes(b"\0" * 100)
+    elif case == "inside the photos":
+        output = scene / "images" / "scene"
+    before = snapshot(tmp_path)
+    code = prepare(source, "-o", output, "--overwrite")
+    fragment = "inside the input" if case == "inside the photos" else "holds the input"
+    assert_clean_error(code, capsys.readouterr().err, str(output), fragment)
+    assert snapshot(tmp_path) == before
+
+
+def test_overwrite_refuses_a_file_prepare_did_not_write(tmp_path, capsys):
+    scene = made_scene(tmp_path / "scene")
+    (scene / "database.db.mine").write_bytes(b"the user's copy")
+    some_photos(tmp_path / "photos", every=40)
+    before = snapshot(scene)
+    code = prepare(tmp_path / "photos", "-o", scene, "--overwrite")
+    assert_clean_error(code, capsys.readouterr().err, "database.db.mine", "did not write")
+    assert snapshot(scene) == before
+
+
+def test_clearing_removes_what_prepare_wrote_and_nothing_it_links_to(tmp_path):
+    scene, photos = made_scene(tmp_path / "scene"), tmp_path / "photos"
+    some_photos(photos, every=40)
+    for entry in ("images", "sparse"):  # the user's own folders linked in
+        target = tmp_path / f"own {entry}"
+        (scene / entry).rename(target)
+        (scene / entry).symlink_to(target)
+    (scene / "database.db-wal").write_bytes(b"log")
+    (scene / ".images.partial").mkdir()
+    (scene / ".notes").write_text("the user's")
+    kept = {name: snapshot(tmp_path / name) for name in ("photos", "own images", "own sparse")}
+    SceneFolder(scene).clear()
+    assert sorted(p.name for p in scene.iterdir()) == [".notes"]
+    assert {name: snapshot(tmp_path / name) for name in kept} == kept
+
+
+def test_frames_of_two_videos_of_one_name_stay_apart(tmp_path):
+    photos = some_photos(tmp_path / "photos", every=1)[:6]
+    frames = tmp_path / "frames"
+    frames.mkdir()
+    names = []
+    for video in (tmp_path / "clip.mp4", tmp_path / "clip.mkv"):
+        write_video(photos, video)
+        names += extract_frames(video, 6, 6, frames)
+    assert len(set(names)) == 12 and sorted(p.name for p in frames.iterdir()) == sorted(names)
+    assert "clip.mkv_000005.jpg" in names
+
+
+def test_photos_of_one_stem_stay_apart(tmp_path, capsys):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i, name in enumerate(("a.png", "a.tif", "b.png")):
+        noise_image(photos / name, seed=i)
+    inputs = checked(photos, tmp_path / "scene")
+    assert [photo.name for photo in inputs.photos] == ["a.png", "a.tif.png", "b.png"]
+    noise_image(photos / "a.tif.png", seed=3)  # the one name left that two could take
+    code = prepare(photos, "-o", tmp_path / "scene")
+    assert_clean_error(code, capsys.readouterr().err, "a.tif", "would be written as a.tif.png")
+    assert not (tmp_path / "scene").exists()
+
+
+def test_a_video_cut_short_is_counted_and_said(tmp_path, capsys):
+    video = tmp_path / "clip.avi"  # AVI's header lists the frames, and stays when cut
+    write_video(some_photos(tmp_path / "photos", every=1)[:40], video)
+    video.write_bytes(video.read_bytes()[:video.stat().st_size // 2])
+    inputs = checked(video, tmp_path / "scene", frames=10)
+    held = re.search(r"holds (\d+) of the 40 frames its header lists",
+                     capsys.readouterr().err).group(1)
+    assert 10 < int(held) < 40 and inputs.frames == {video: (10, int(held))}
+    frames = tmp_path / "frames"
+    assert len(extract_frames(video, 10, int(held), frames)) == 10
+    assert capsys.readouterr().err == ""
+    extract_frames(video, 10, 40, tmp_path / "trusting the header")
+    assert f"decoding ended after {held} of its 40 frames" in capsys.readouterr().err
+
+
+def test_heic_photos_are_read_upright_and_other_files_named(tmp_path, capsys):
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(2):
+        noise_image(photos / f"IMG_{i}.HEIC", seed=i, quality=-1)
+    pixels = np.zeros((40, 60, 3), np.uint8)
+    pixels[:, :10] = 255  # a white band on the left of the stored image
+    exif = Image.Exif()
+    exif[ORIENTATION] = 6  # pillow-heif writes it as HEIF's rotation (irot)
+    Image.fromarray(pixels).save(photos / "turned.heic", exif=exif.tobytes(), quality=-1)
+    for name in ("notes.txt", "IMG_0.AAE"):
+        (photos / name).write_text("not a photo")
+    inputs = checked(photos, tmp_path / "scene")
+    assert [photo.name for photo in inputs.photos] == ["IMG_0.HEIC.png", "IMG_1.HEIC.png",
+                                                       "turned.heic.png"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"splatscale: {photos}: skipping 2 files neither photo nor video: IMG_0.AAE, notes.txt"]
+    turned = inspect_photo(photos / "turned.heic")
+    assert turned.camera[-1] == "(40, 60)"
+    (tmp_path / "out").mkdir()
+    write_photo(turned, tmp_path / "out")
+    with Image.open(tmp_path / "out" / "turned.heic.png") as written:
+        assert written.format == "PNG" and written.size == (40, 60)
+        upright = np.asarray(written.convert("L"), dtype=float)
+    assert upright[:10].mean() > 200 and upright[20:].mean() < 50  # the band is on top
+
+
+BAD_MANIFESTS = {
+    "not a JSON object": [],
+    "'settings'": {"settings": ["input"]},
+    "'cameras'": {"settings": {}, "cameras": [["a.jpg", 3]], "sequences": [["a.jpg"]]},
+    "'sequences' is missing": {"settings": {}, "cameras": [["a.jpg"]]},
+    "same images": {"settings": {}, "cameras": [["a.jpg"]], "sequences": [["b.jpg"]]},
+    "'sources'": {"settings": {}, "sources": {"a.jpg": {"size": "big", "mtime_ns": 1}}},
+    "file names": {"settings": {}, "cameras": [["../a.jpg"]], "sequences": [["../a.jpg"]]},
+}
+
+
+@pytest.mark.parametrize("field", BAD_MANIFESTS)
+def test_every_field_read_from_the_manifest_is_checked(field, tmp_path, capsys):
+    scene = made_scene(tmp_path / "scene")
+    (scene / "prepare.json").write_text(json.dumps(BAD_MANIFESTS[field]))
+    some_photos(tmp_path / "photos", every=40)
+    before = snapshot(scene)
+    code = prepare(tmp_path / "photos", "-o", scene)
+    assert_clean_error(code, capsys.readouterr().err, str(scene / "prepare.json"), field,
+                       "--overwrite")
+    assert snapshot(scene) == before
+
+
+def test_a_manifest_without_the_sources_record_is_continued(tmp_path):
+    photos = tmp_path / "photos"
+    some_photos(photos, every=40)
+    scene = made_scene(tmp_path / "scene")
+    settings = {"input": str(photos.resolve()), "camera_model": "SIMPLE_RADIAL"}
+    written_before_the_record = {"settings": settings, "cameras": [["a.jpg"]],
+                                 "sequences": [["a.jpg"]]}
+    (scene / "prepare.json").write_text(json.dumps(written_before_the_record))
+    record = source_record(tuple(sorted(photos.iterdir())))
+    assert SceneFolder(scene).check(settings, record, False) == written_before_the_record
