@@ -13,6 +13,8 @@ from typing import Callable, TypedDict
 import torch
 from torch import Tensor
 
+from splatscale.model.gaussians import MAX_SH_DEGREE, GaussianModel
+
 
 class EngineState(TypedDict):
     model: dict[str, Tensor]      # GaussianModel.parameters(): means, quats, ... per row
@@ -22,6 +24,37 @@ class EngineState(TypedDict):
     stats: dict[str, Tensor]      # densification statistics per row: grad_sum, count
     keys: Tensor                  # [N] int64: each Gaussian's name, whatever its row
     densify_events: int           # densifications so far (they seed the new keys)
+
+
+def state_problem(state) -> str | None:
+    """What makes ``state`` (read from disk) not an ``EngineState``, or None: every
+    part present, with its type, and every per-Gaussian tensor of the same rows."""
+    if not isinstance(state, dict) or not all(k in state for k in EngineState.__annotations__):
+        return "its engine state is incomplete"
+    if type(state["sh_degree"]) is not int or not 0 <= state["sh_degree"] <= MAX_SH_DEGREE:
+        return f"sh_degree is {state['sh_degree']!r}"
+    if type(state["densify_events"]) is not int or state["densify_events"] < 0:
+        return f"densify_events is {state['densify_events']!r}"
+    try:
+        model = GaussianModel(**state["model"], keys=state["keys"])
+    except (TypeError, ValueError, AttributeError) as error:
+        return f"its Gaussians are malformed ({error})"
+    optimizer, shapes = state["optimizer"], {n: t.shape for n, t in model.parameters().items()}
+    if not isinstance(optimizer, dict) or not all(
+            isinstance(optimizer.get(kind), dict) and isinstance(t, Tensor)
+            and t.shape == shapes.get(n) for kind in ("exp_avg", "exp_avg_sq")
+            for n, t in optimizer[kind].items()):
+        return "its optimiser state does not match its Gaussians"
+    steps, batch_size = optimizer.get("steps"), optimizer.get("batch_size")
+    if not isinstance(steps, dict) or not all(type(v) is int and v >= 0 for v in steps.values()):
+        return "its optimiser's step counts are not counts"
+    if type(batch_size) is not int or batch_size < 1:
+        return f"its optimiser's batch_size is {batch_size!r}"
+    stats = state["stats"]
+    if not isinstance(stats, dict) or set(stats) != {"grad_sum", "count"} or not all(
+            isinstance(t, Tensor) and t.shape == (len(model),) for t in stats.values()):
+        return "its densification statistics do not match its Gaussians"
+    return None
 
 
 def state_size(state: EngineState) -> int:

@@ -10,6 +10,7 @@ each reads the rows of its even share from whichever shards hold them.
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -18,9 +19,11 @@ import torch
 
 from splatscale.atomic import atomic_path
 from splatscale.engine.distributed import collectives
-from splatscale.engine.state import (EngineState, concat_states, shard_rows, state_rows,
-                                     state_size)
+from splatscale.engine.state import (EngineState, concat_states, shard_rows, state_problem,
+                                     state_rows, state_size)
 from splatscale.errors import DataError
+from splatscale.model.gaussians import MAX_SH_DEGREE
+from splatscale.train.config import TrainConfig
 
 FORMAT = 2  # 2: the trainer state holds the scene's fingerprint
 KEYS = {"trainer": ("images_seen", "steps", "sh_degree", "train_seconds", "order", "queue",
@@ -78,6 +81,10 @@ def _read_share(path: Path, manifest: dict, rank: int, world: int) -> EngineStat
             except Exception as error:  # noqa: BLE001 - missing or torn: the user's to know
                 raise DataError(f"{path.parent / name}: a shard of {path} is unreadable "
                                 f"({type(error).__name__})") from None
+            _check_engine_state(state, path.parent / name)
+            if state_size(state) != count:
+                raise DataError(f"{path.parent / name}: holds {state_size(state)} Gaussians; "
+                                f"{path} says {count}")
             parts.append(state_rows(state, slice(max(lo - start, 0), min(hi - start, count))))
         start += count
     return concat_states(parts)
@@ -111,10 +118,68 @@ def _read_manifest(path: Path) -> dict:
         raise DataError(f"{path}: not a readable checkpoint ({type(error).__name__})") from None
     if not isinstance(state, dict) or "format" not in state:
         raise DataError(f"{path}: not a splatscale checkpoint")
+    if type(state["format"]) is not int:
+        raise DataError(f"{path}: not a splatscale checkpoint (its format is "
+                        f"{state['format']!r}, not a format number)")
     if state["format"] != FORMAT:
         raise DataError(f"{path}: a checkpoint of format {state['format']}, this version "
                         f"reads format {FORMAT}")
     for part, keys in KEYS.items():
         if not isinstance(state.get(part), dict) or not all(k in state[part] for k in keys):
             raise DataError(f"{path}: not a splatscale checkpoint (its {part} state is incomplete)")
+    _check_trainer_state(state["trainer"], path)
+    _check_engine_manifest(state.get("engine"), path)
     return state
+
+
+def _count(value) -> bool:
+    return type(value) is int and value >= 0
+
+
+# What each field of the trainer's state must be.
+TRAINER_FIELDS = {
+    "images_seen": (_count, "a count of images"),
+    "steps": (_count, "a count of steps"),
+    "sh_degree": (lambda v: type(v) is int and 0 <= v <= MAX_SH_DEGREE, "an SH degree, 0 to 3"),
+    "train_seconds": (lambda v: type(v) in (int, float) and 0 <= v < math.inf,
+                      "a number of seconds"),
+    "order": (lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 1,
+              "a random generator's state"),
+    "queue": (lambda v: isinstance(v, list) and all(_count(i) for i in v), "a list of views"),
+    "scene": (lambda v: isinstance(v, str), "a scene's fingerprint"),
+    "eval_split": (lambda v: isinstance(v, bool), "true or false"),
+}
+
+
+def _check_trainer_state(trainer: dict, path: Path) -> None:
+    """Each field of the trainer's state, its type and range, named if it is wrong."""
+    for name, (fits, expected) in TRAINER_FIELDS.items():
+        if not fits(trainer[name]):
+            raise DataError(f"{path}: its {name} must be {expected}, not "
+                            f"{_shown(trainer[name])}")
+    TrainConfig.from_dict(trainer["config"], f"{path}: config")
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"a {type(value).__name__}"
+
+
+def _check_engine_manifest(engine, path: Path) -> None:
+    """The engine state, or the list of the shards that hold it."""
+    if isinstance(engine, dict) and "shards" in engine:
+        shards, counts = engine["shards"], engine.get("counts")
+        if not (isinstance(shards, list) and isinstance(counts, list)
+                and len(shards) == len(counts) > 0 and all(map(_count, counts))
+                and all(isinstance(n, str) and Path(n).name == n
+                        and n.startswith(f"{path.name}.") for n in shards)):
+            raise DataError(f"{path}: not a splatscale checkpoint (its list of shards is "
+                            "malformed)")
+        return
+    _check_engine_state(engine, path)
+
+
+def _check_engine_state(state, path: Path) -> None:
+    problem = state_problem(state)
+    if problem is not None:
+        raise DataError(f"{path}: not a splatscale checkpoint ({problem})")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
+
+from splatscale.errors import DataError
 
 
 @dataclass
@@ -49,6 +52,43 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+    def from_dict(cls, data: dict, where: str) -> "TrainConfig":
+        """The settings ``data`` holds (read from ``where``), each checked: its type,
+        its range; a setting it lacks takes its default."""
+        if not isinstance(data, dict):
+            raise DataError(f"{where}: not a set of settings ({type(data).__name__})")
+        values = {}
+        for f in fields(cls):
+            if f.name in data:
+                _check_setting(f.name, f.type, data[f.name], where)
+                values[f.name] = data[f.name]
+        return cls(**values)
+
+
+# Settings with a narrower range than their type's (integers otherwise at least 0).
+AT_LEAST_ONE = {"iterations", "batch_size", "position_lr_max_steps", "densify_interval",
+                "sh_degree_interval", "max_gaussians"}
+CHOICES = {"strategy": ("3dgs", "mcmc"), "random_init": ("auto", "cameras", "cube"),
+           "sh_degree": (0, 1, 2, 3)}
+
+
+def _check_setting(name: str, kind: str, value, where: str) -> None:
+    """Refuse ``value`` for setting ``name`` of annotation ``kind``, naming both."""
+    optional = kind.endswith(" | None")
+    if value is None and optional:
+        return
+    base = kind.removesuffix(" | None")
+    low = 1 if name in AT_LEAST_ONE else 0
+    if name in CHOICES:
+        fits, expected = value in CHOICES[name] and type(value) is not bool, \
+            " or ".join(map(repr, CHOICES[name]))
+    elif base == "bool":
+        fits, expected = isinstance(value, bool), "true or false"
+    elif base == "int":
+        fits, expected = type(value) is int and value >= low, f"an integer of at least {low}"
+    else:  # float
+        fits = type(value) in (int, float) and 0 <= value < math.inf
+        expected = "a finite number of at least 0"
+    if not fits:
+        expected += " or null" if optional else ""
+        raise DataError(f"{where}: {name} must be {expected}, not {value!r}")
