@@ -52,13 +52,19 @@ class RunFolder:
         """Refuse, before anything is written, what would damage the folder's contents."""
         if resume and overwrite:
             raise SplatscaleError("--resume and --overwrite: choose one")
-        if resume and not self.checkpoint.is_file():
-            raise SplatscaleError(f"{self.checkpoint}: nothing to resume from")
         previous = self.previous_run()
+        if resume and not self.checkpoint.is_file():
+            if previous:
+                raise SplatscaleError(f"{self.path}: its run stopped before its first "
+                                      "checkpoint, so there is nothing to resume; "
+                                      "--overwrite starts it again")
+            raise SplatscaleError(f"{self.checkpoint}: nothing to resume from (no run there)")
         if previous and not (resume or overwrite):
+            ways = ("--resume continues it, --overwrite replaces it"
+                    if self.checkpoint.is_file() else
+                    "it stopped before its first checkpoint; --overwrite replaces it")
             raise SplatscaleError(
-                f"{self.path}: holds a previous run ({', '.join(previous[:4])}); "
-                "--resume continues it, --overwrite replaces it")
+                f"{self.path}: holds a previous run ({', '.join(previous[:4])}); {ways}")
 
     def lock(self):
         """Hold the folder's lock while the run checks its inputs and writes
