@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from splatscale.atomic import write_json
-from splatscale.data.images import ImageStore, write_png
+from splatscale.data.images import ImageStore
 from splatscale.data.scene import Scene
 from splatscale.engine import Engine, TrainView
 from splatscale.engine.local import local_engine
@@ -33,6 +33,7 @@ from splatscale.model.ply import write_ply_parts
 from splatscale.train import metrics
 from splatscale.train.checkpoint import load_checkpoint, save_checkpoint
 from splatscale.train.config import TrainConfig
+from splatscale.train.render_folder import RenderFolder, render_names
 from splatscale.train.schedule import crosses, position_lr
 from splatscale.train.strategy import Strategy, make_strategy
 from splatscale.train.watch import Watcher
@@ -264,16 +265,20 @@ class Trainer:
             self.save_checkpoint()
 
     def evaluate(self, ids: list[int] | None = None, render_dir: Path | None = None) -> dict:
+        """Test metrics over views ``ids`` (the test views); their renders written to
+        ``render_dir``, a folder of renders of the run's own, if given."""
         ids = self.test_ids if ids is None else ids
         scores = metrics.ImageMetrics()
-        for i in ids:
+        names = render_names([self.store.camera(i).name for i in ids])
+        folder = RenderFolder(render_dir) if render_dir is not None else None
+        if folder is not None:
+            self._write(folder.begin, names, {"split": "test", "images": self.images_seen})
+        for i, name in zip(ids, names):
             out = self.engine.render(self.store.camera(i))
             image = out.rgb.clamp(0, 1).cpu()
             scores.add(image, self.store.as_float(i))
-            if render_dir is not None:
-                name = Path(self.store.camera(i).name).stem + ".png"
-                self._write(write_png, (image * 255).round().to(torch.uint8).numpy(),
-                            render_dir / name)
+            if folder is not None:
+                self._write(folder.write, name, (image * 255).round().to(torch.uint8).numpy())
         return scores.summary()
 
     def finish(self) -> dict:
@@ -356,6 +361,10 @@ class Trainer:
         if state["eval_split"] != self.options.eval_split:
             said = "with" if state["eval_split"] else "without"
             raise DataError(f"{path}: the run was trained {said} --eval; resume it so")
+        unknown = sorted(set(state["queue"]) - set(self.train_ids))
+        if unknown:
+            raise DataError(f"{path}: queue names view {unknown[0]}, not a training view "
+                            "of the run")
         self.engine.load_state_dict(engine_state)
         self.images_seen, self.steps = state["images_seen"], state["steps"]
         self.sh_degree = state["sh_degree"]
