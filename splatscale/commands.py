@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 from argparse import Namespace
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Iterator, NamedTuple
 
 import torch
 
@@ -15,7 +16,7 @@ from splatscale.atomic import write_json
 from splatscale.data import load_scene
 from splatscale.demo import demo_scene
 from splatscale.data.image_memory import default_budget
-from splatscale.data.images import ImageStore, write_png
+from splatscale.data.images import ImageStore
 from splatscale.data.scene import Scene
 from splatscale.engine.distributed import distributed_engine, group, shard_of
 from splatscale.engine.distributed.cost_model import RowCost
@@ -35,7 +36,9 @@ from splatscale.render import cuda_backend, render as render_view
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
 from splatscale.train.metrics import ImageMetrics
+from splatscale.train.render_folder import RenderFolder, render_names
 from splatscale.train.run_folder import RunFolder
+from splatscale.train.run_record import RunRecord, model_of, run_record
 from splatscale.train.trainer import EngineFactory, RunOptions, Trainer
 from splatscale.train.watch import Bystander, Watcher
 
@@ -59,7 +62,7 @@ def _store(args: Namespace, scene, white_background: bool = False,
     background = (1.0, 1.0, 1.0) if white_background else scene.background
     machine = default_budget() if args.image_memory is None else args.image_memory
     budget = machine // local_ranks
-    store = ImageStore(scene, args.resolution, args.max_width, args.cache_dir, background,
+    store = ImageStore(scene, args.resolution or 1, args.max_width, args.cache_dir, background,
                        memory_budget=budget, decode_share=local)
     decoded = store.decoded_bytes()
     if decoded > budget:
@@ -127,10 +130,9 @@ def _new_config(args: Namespace) -> TrainConfig:
     return TrainConfig(**{name: value for name, value in given.items() if value is not None})
 
 
-def _resumed_config(args: Namespace, checkpoint: Path) -> TrainConfig:
+def _resumed_config(args: Namespace, saved: dict, checkpoint: Path) -> TrainConfig:
     """The checkpoint's settings; a new --iterations extends (or shortens) the run."""
-    saved = load_trainer_state(checkpoint)
-    config = TrainConfig.from_dict(saved["config"])
+    config = TrainConfig.from_dict(saved["config"], f"{checkpoint}: config")
     for name, flag in RUN_FLAGS.items():
         value = getattr(args, name)
         if value is not None and value != getattr(config, name):
@@ -144,6 +146,60 @@ def _resumed_config(args: Namespace, checkpoint: Path) -> TrainConfig:
                f"(it was to end after {config.iterations})")
         config.iterations = args.iterations
     return config
+
+
+# How a run read its scene, as flags: on --resume the run's own values hold.
+SCENE_FLAGS = {"resolution": "--resolution", "max_width": "--max-width", "eval": "--eval"}
+
+
+def _resumed_scene(args: Namespace, record: RunRecord | None) -> None:
+    """--resume: the scene read as the run read it (its ``record``); a flag giving
+    another value is ignored, saying so. A scene named in the command is used (moved,
+    say), the checkpoint then checking that it is the run's."""
+    if record is None:  # a run that kept no record: the flags as given
+        return
+    if args.data is None:
+        if record.data is not None and not Path(record.data).exists():
+            raise SplatscaleError(f"{record.path}: the run's scene {record.data} is not there "
+                                  "any more; name it: splatscale train DATA -o OUTPUT --resume")
+        args.data = record.data
+    elif record.data is None or Path(args.data).resolve() != Path(record.data).resolve():
+        notice(f"training on {args.data}; the run trained on "
+               f"{record.data or 'the built-in demo scene'}")
+    for name, flag in SCENE_FLAGS.items():
+        given, kept = getattr(args, name), getattr(record, name)
+        if given is not None and given != kept:
+            said = flag if isinstance(given, bool) else f"{flag} {given}"
+            notice(f"{said} ignored: the resumed run keeps "
+                   f"{_flag_text(flag, kept)} from {record.path}")
+        setattr(args, name, kept)
+
+
+def _flag_text(flag: str, value) -> str:
+    if isinstance(value, bool):
+        return flag if value else f"no {flag}"
+    return f"{flag} {value}"
+
+
+def _check_flags_act(args: Namespace, config: TrainConfig, scene: Scene,
+                     images_seen: int) -> None:
+    """Refuse a flag that would do nothing in this run."""
+    if args.random_init is not None and not args.resume and len(scene.points):
+        raise SplatscaleError(
+            f"--random-init {args.random_init}: {scene.source} has {len(scene.points):,} "
+            "SfM points, which the model starts from; random points are drawn only for a "
+            "scene without points")
+    end = math.ceil(config.iterations / config.batch_size) * config.batch_size
+    for mark in args.save_at:
+        if mark > end:
+            raise SplatscaleError(f"--save-at {mark}: after the run's end (image {end:,}); "
+                                  "point_cloud.ply is the model at the end")
+        if mark <= images_seen:
+            raise SplatscaleError(f"--save-at {mark}: the resumed run is past image "
+                                  f"{mark:,} already (at {images_seen:,})")
+    if args.eval_every and not args.eval:
+        raise SplatscaleError("--eval-every: only with --eval (a run without it has no test "
+                              "views)")
 
 
 class Inputs(NamedTuple):
@@ -189,8 +245,17 @@ def _launch(args: Namespace) -> int:
 def _checked_inputs(args: Namespace, ranks: group.Ranks | None = None) -> Inputs:
     folder = RunFolder(args.output)
     folder.check(args.resume, args.overwrite)
-    config = _resumed_config(args, folder.checkpoint) if args.resume else _new_config(args)
+    saved = load_trainer_state(folder.checkpoint) if args.resume else None
+    if saved is None:
+        config, images_seen = _new_config(args), 0
+        args.resolution, args.eval = args.resolution or 1, bool(args.eval)
+    else:
+        _resumed_scene(args, run_record(folder.path))
+        config = _resumed_config(args, saved, folder.checkpoint)
+        images_seen = saved["images_seen"]
+        args.resolution, args.eval = args.resolution or 1, bool(args.eval)
     scene = _scene(args)
+    _check_flags_act(args, config, scene, images_seen)
     local = (ranks.local_rank, ranks.local_world) if ranks else (0, 1)
     return Inputs(folder, config, scene, _store(args, scene, config.white_background, local))
 
@@ -299,56 +364,106 @@ def _distributed_engine(ranks: group.Ranks, where: Placement, args: Namespace,
                               _fixed_cost(args), device=where.device)
 
 
-def _split_ids(scene, split: str) -> list[int]:
-    train_ids, test_ids = scene.split(split != "all")
-    return {"train": train_ids, "test": test_ids, "all": train_ids}[split]
+def _read_as_run(args: Namespace, record: RunRecord | None) -> None:
+    """The scene flags (``args.data``, ``.resolution``, ``.max_width``) not given set to
+    the run's, as it read its scene; a model of no run needs ``--data``."""
+    if record is None:
+        if args.data is None:
+            raise SplatscaleError(f"{args.model}: not a run's model (no config.json beside "
+                                  "it); name its scene with --data")
+        return
+    if args.data is None and record.data is not None:
+        if not Path(record.data).exists():
+            raise SplatscaleError(f"{record.path}: its run's scene {record.data} is not "
+                                  "there any more; name it with --data")
+        args.data = record.data
+    args.resolution = args.resolution or record.resolution
+    args.max_width = args.max_width or record.max_width
 
 
-def _views(args: Namespace):
-    model = read_ply(args.model)
+def _split_ids(scene: Scene, split: str, record: RunRecord | None) -> list[int]:
+    """The views of ``split``: a run's own training or test views (every 8th view is
+    a test view for a model of no run)."""
+    train_ids, test_ids = scene.split(record.eval if record else True)
+    ids = {"train": train_ids, "test": test_ids, "all": sorted(train_ids + test_ids)}[split]
+    if not ids:
+        raise SplatscaleError(f"--split {split}: {record.path.parent} trained on every view "
+                              "(without --eval), so it has no test views; --split train "
+                              "scores the views it trained on")
+    return ids
+
+
+class Views(NamedTuple):
+    """The views a model is rendered at, read as its run read its scene."""
+
+    model: GaussianModel
+    store: ImageStore
+    ids: list[int]
+    about: dict
+
+
+def _views(args: Namespace) -> Views:
+    model_file, record = model_of(args.model)
+    model = read_ply(model_file)
+    _read_as_run(args, record)
     scene = _scene(args)
-    store = _store(args, scene)
-    background = torch.tensor(store.background, dtype=model.means.dtype)
-    for i in _split_ids(scene, args.split):
-        camera = store.camera(i)
+    ids = _split_ids(scene, args.split, record)
+    store = _store(args, scene, record is not None and record.white_background)
+    about = {"model": str(model_file.resolve()), "split": args.split,
+             "data": None if args.data is None else str(Path(args.data).resolve()),
+             "resolution": args.resolution or 1, "max_width": args.max_width}
+    return Views(model, store, ids, about)
+
+
+def _rendered(views: Views) -> Iterator[tuple[int, torch.Tensor]]:
+    """Each view's index and its render, [h, W, 3] in [0, 1]."""
+    background = torch.tensor(views.store.background, dtype=views.model.means.dtype)
+    for i in views.ids:
         with torch.no_grad():
-            rgb = render_view(model, camera, background=background).rgb.clamp(0, 1)
-        yield camera, rgb, store.as_float(i)
+            yield i, render_view(views.model, views.store.camera(i),
+                                 background=background).rgb.clamp(0, 1)
 
 
 def render(args: Namespace) -> None:
-    folder = args.output or args.model.parent / "renders" / args.split
-    count = 0
-    for camera, rgb, _ in _views(args):
-        write_png((rgb * 255).round().to(torch.uint8).numpy(),
-                  folder / (Path(camera.name).stem + ".png"))
-        count += 1
-    print(f"{count} renders in {folder}")
+    """Render a model's views into a folder of renders, which never replaces a file
+    that a render did not write there."""
+    views = _views(args)
+    model_file = Path(views.about["model"])
+    folder = RenderFolder(args.output or model_file.parent / "renders" / args.split)
+    names = dict(zip(views.ids, render_names([views.store.camera(i).name
+                                              for i in views.ids])))
+    folder.check(list(names.values()))
+    folder.begin(list(names.values()), views.about)
+    for i, rgb in _rendered(views):
+        folder.write(names[i], (rgb * 255).round().to(torch.uint8).numpy())
+    print(f"{len(names)} renders in {folder.path}")
 
 
 def evaluate(args: Namespace) -> None:
+    views = _views(args)
     scores = ImageMetrics()
-    for _, rgb, target in _views(args):
-        scores.add(rgb, target)
+    for i, rgb in _rendered(views):
+        scores.add(rgb, views.store.as_float(i))
     print(json.dumps(scores.summary()))
 
 
 def export(args: Namespace) -> None:
     """Rewrite a model; never over its own input. A PLY keeps the input's extra vertex
     properties; a format with no place for them says which it dropped."""
-    model = read_ply(args.model)
-    extras = read_extras(args.model)
-    output = args.output or args.model.with_suffix(f".{args.format}")
-    if output.resolve() == args.model.resolve():
+    source, _ = model_of(args.model)
+    model = read_ply(source)
+    extras = read_extras(source)
+    output = args.output or source.with_suffix(f".{args.format}")
+    if output.resolve() == source.resolve():
         if args.output is not None:
             raise SplatscaleError(f"-o {output}: is the input model; choose another file")
-        output = args.model.with_name(f"{args.model.stem}.exported.ply")
+        output = source.with_name(f"{source.stem}.exported.ply")
     if args.format == "ply":
         write_ply(model, output, extras)
     else:
         (write_splat if args.format == "splat" else write_spz)(model, output)
         if extras.dtype.names:
-            notice(f"{output}: the .{args.format} format has no place for {args.model}'s "
+            notice(f"{output}: the .{args.format} format has no place for {source}'s "
                    f"extra properties, dropped: {', '.join(extras.dtype.names)}")
     print(f"wrote {output}")
 
@@ -359,30 +474,23 @@ def _served(host: str | None, port: int | None):
 
 
 def view(args: Namespace) -> None:
-    from splatscale.viewer.app import view as show_model, viewed_model
+    from splatscale.viewer.app import view as show_model
 
-    model_file, record = viewed_model(args.model)
+    model_file, record = model_of(args.model)
     model = read_ply(model_file)
     scenery, background = None, torch.zeros(3)
-    if args.data is not None or (record is not None and "data" in record):
-        scenery, background = _run_scenery(args, record or {})
+    if args.data is not None or record is not None:
+        scenery, background = _run_scenery(args, record)
     with _served(args.host, args.port) as server:
         show_model(server, model, scenery, background.to(model.means.dtype), str(args.model))
 
 
-def _run_scenery(args: Namespace, record: dict) -> tuple[Scenery, torch.Tensor]:
-    """The scene of a run (its config.json's ``record``), as it trained, unless the
-    flags name another."""
-    if args.data is None and record.get("data") is not None:
-        args.data = record["data"]
-        if not Path(args.data).exists():
-            raise SplatscaleError(f"{args.model}: its run's scene {args.data} is not there any "
-                                  "more; name it with --data")
-    args.resolution = args.resolution or record.get("resolution") or 1
-    args.max_width = args.max_width or record.get("max_width")
+def _run_scenery(args: Namespace, record: RunRecord | None) -> tuple[Scenery, torch.Tensor]:
+    """The scene beside a model: its run's, as it trained, unless the flags name another."""
+    _read_as_run(args, record)
     scene = _scene(args)
-    store = _store(args, scene, bool(record.get("white_background")))
-    train_ids, test_ids = scene.split(bool(record.get("eval")))
+    store = _store(args, scene, record is not None and record.white_background)
+    train_ids, test_ids = scene.split(record is not None and record.eval)
     from splatscale.viewer.page import Scenery
     return Scenery(store, train_ids, test_ids), torch.tensor(store.background)
 

@@ -3,6 +3,7 @@ of the output folder changes, whatever the flags (a new folder, --overwrite, --r
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import Callable
@@ -12,6 +13,7 @@ import torch
 
 from splatscale.cli import main
 from splatscale.folder_lock import LOCK_NAME
+from tests.conftest import data_path
 from tests.test_bad_input import assert_clean_error
 
 
@@ -57,6 +59,26 @@ def torn_checkpoint(base: Path) -> list[str]:
     return []
 
 
+def checkpoint_field(part: str, name: str, value) -> Callable[[Path], list[str]]:
+    """A checkpoint whose ``part`` (None: the top level) has ``name`` set to ``value``."""
+    def edit(base: Path) -> list[str]:
+        path = base / "run" / "checkpoint.pt"
+        state = torch.load(path, weights_only=False)
+        (state if part is None else state[part])[name] = value
+        torch.save(state, path)
+        return []
+    return edit
+
+
+def record_field(name: str, value) -> Callable[[Path], list[str]]:
+    """The run's config.json with ``name`` set to ``value``."""
+    def edit(base: Path) -> list[str]:
+        path = base / "run" / "config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), name: value}))
+        return []
+    return edit
+
+
 def flags(*given: str) -> Callable[[Path], list[str]]:
     return lambda base: list(given)
 
@@ -73,8 +95,27 @@ CASES = {
     "both forwarding flags": (flags("--offload", "--forwarding", "--no-forwarding"),
                               "not allowed with argument", ALL),
     "a torn checkpoint": (torn_checkpoint, "not a readable checkpoint", ("--resume",)),
-    "another resolution": (flags("--resolution", "2"), "a checkpoint of another scene",
-                           ("--resume",)),
+    "another scene": (flags(str(data_path("snowmiku"))), "a checkpoint of another scene",
+                      ("--resume",)),
+    "images seen not a count": (checkpoint_field("trainer", "images_seen", "x"),
+                                "images_seen must be a count", ("--resume",)),
+    "images seen below zero": (checkpoint_field("trainer", "images_seen", -5),
+                               "images_seen must be a count", ("--resume",)),
+    "a format that is text": (checkpoint_field(None, "format", "2"),
+                              "its format is '2', not a format number", ("--resume",)),
+    "a setting out of range": (checkpoint_field("trainer", "sh_degree", 7),
+                               "sh_degree must be an SH degree", ("--resume",)),
+    "a record's resolution": (record_field("resolution", 3),
+                              "config.json: resolution must be 1, 2, 4 or 8", ("--resume",)),
+    "random points beside SfM points": (flags(str(data_path("snowmiku")), "--random-init",
+                                              "cube"),
+                                        "--random-init cube", ("new", "--overwrite")),
+    "a save past the end": (flags("--save-at", "13"), "--save-at 13: after the run's end",
+                            ALL),
+    "a save the resumed run is past": (flags("--save-at", "5"), "--save-at 5: the resumed run",
+                                       ("--resume",)),
+    "tests without test views": (flags("--eval-every", "4"), "--eval-every: only with --eval",
+                                 ("new", "--overwrite")),
     "fewer images than trained": (flags("--iterations", "5"), "has already trained on 10",
                                   ("--resume",)),
 }
@@ -140,3 +181,13 @@ def test_a_variable_every_rank_is_given_alike_is_said_by_rank_0(tmp_path, capsys
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     code = main(["train", "-o", str(tmp_path / "run"), "--quiet"])
     assert code == 2 and capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("command", ["train", "prepare"])
+def test_an_empty_output_path_is_refused(command, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    given = ["prepare", str(tmp_path)] if command == "prepare" else ["train"]
+    with pytest.raises(SystemExit) as refused:
+        main([*given, "-o", ""])
+    assert_clean_error(refused.value.code, capsys.readouterr().err, "-o", "an empty path")
+    assert list(tmp_path.iterdir()) == []

@@ -89,8 +89,11 @@ def test_resume_cleans_up_and_continues_the_run_it_finds(tmp_path, cache, capsys
 
 
 def test_resume_refuses_another_scene_or_split(tmp_path, cache, capsys):
+    """A run that kept no record (config.json) is resumed with the flags as given: the
+    checkpoint refuses what it was not trained on."""
     out = tmp_path / "run"
     assert train(out, cache, "--iterations", "10") == 0
+    (out / "config.json").unlink()
     capsys.readouterr()
     assert train(out, cache, "--resume", "--resolution", "2") == 2
     assert "a checkpoint of another scene" in capsys.readouterr().err

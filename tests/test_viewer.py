@@ -111,11 +111,14 @@ def test_view_refuses_a_folder_without_a_model_or_its_scene(tmp_path, capfd):
     assert main(["view", str(tmp_path)]) == 2
     (tmp_path / "config.json").write_text('{"data": null, "resolution": 3}')
     assert main(["view", str(tmp_path)]) == 2
-    assert main(["view", str(tmp_path / "point_cloud.ply"), "--host", ""]) == 2
+    lone = tmp_path / "lone" / "model.ply"
+    lone.parent.mkdir()
+    lone.write_bytes((tmp_path / "point_cloud.ply").read_bytes())
+    assert main(["view", str(lone), "--host", ""]) == 2
     assert main(["train", "-o", str(tmp_path / "run"), "--port", "9000"]) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 6, err
-    assert "config.json: not a run's config.json (resolution: 3)" in err[3]
+    assert "config.json: resolution must be 1, 2, 4 or 8, not 3" in err[3]
     assert "--host: empty" in err[4] and "--port: only with --viewer" in err[5]
     assert "without point_cloud.ply" in err[0]
     assert f"its run's scene {tmp_path / 'gone'} is not there" in err[1]
