@@ -9,7 +9,8 @@ import splatscale
 
 # Bottom to top; a module may import its own layer and those below it.
 LAYERS = [
-    {"errors", "atomic", "messages", "allocator", "threads", "launch", "folder_lock"},
+    {"errors", "atomic", "messages", "allocator", "threads", "launch", "folder_lock",
+     "native"},
     {"data"},
     {"model"},
     {"render"},

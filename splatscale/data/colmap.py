@@ -51,7 +51,7 @@ def read_colmap(root: str | Path, skip_missing_images: bool = False) -> Scene:
     Images the model names that are absent are an error, or skipped with
     ``skip_missing_images``.
     """
-    import pycolmap
+    from splatscale.native import pycolmap
 
     root = Path(root)
     sparse = find_sparse_dir(root)

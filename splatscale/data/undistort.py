@@ -8,11 +8,11 @@ image where the distortion model (``pycolmap.Camera.img_from_cam``) sends it.
 from __future__ import annotations
 
 import numpy as np
-import pycolmap
 import torch
 from scipy.ndimage import map_coordinates
 
 from splatscale.data.scene import Distortion
+from splatscale.native import pycolmap
 
 PINHOLE_MODELS = ("PINHOLE", "SIMPLE_PINHOLE")
 

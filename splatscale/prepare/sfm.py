@@ -35,7 +35,7 @@ class SfmSettings:
 
 def quiet_logs(verbose: bool) -> None:
     """pycolmap logs every step of every stage on stderr: only its errors, unless asked."""
-    import pycolmap
+    from splatscale.native import pycolmap
 
     pycolmap.logging.minloglevel = 0 if verbose else 2
     pycolmap.logging.stderrthreshold = 0 if verbose else 2
@@ -48,7 +48,7 @@ def _batches(items: list, size: int) -> Iterator[list]:
 
 def extracted(database: Path) -> set[str]:
     """Names of the images whose features the database holds."""
-    import pycolmap
+    from splatscale.native import pycolmap
 
     if not database.exists():
         return set()
@@ -58,7 +58,7 @@ def extracted(database: Path) -> set[str]:
 
 
 def _camera_of(database: Path, name: str) -> int:
-    import pycolmap
+    from splatscale.native import pycolmap
 
     with pycolmap.Database.open(str(database)) as db:
         return db.read_image_with_name(name).camera_id
@@ -68,7 +68,7 @@ def extract_features(database: Path, images: Path, groups: list[list[str]],
                      settings: SfmSettings, advance: Callable[[int], None]) -> int:
     """SIFT features of every image, one camera per group of names (its intrinsics
     shared in SfM); images the database already holds are skipped. The count skipped."""
-    import pycolmap
+    from splatscale.native import pycolmap
 
     done = extracted(database)
     options = pycolmap.FeatureExtractionOptions()
@@ -109,7 +109,7 @@ def image_pairs(sequences: list[list[str]], matcher: str) -> list[tuple[str, str
 
 def unmatched(database: Path, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     """Those of ``pairs`` (image names) the database has not matched."""
-    import pycolmap
+    from splatscale.native import pycolmap
 
     with pycolmap.Database.open(str(database)) as db:
         ids = {image.name: image.image_id for image in db.read_all_images()}
@@ -120,7 +120,7 @@ def match_features(database: Path, pairs: list[tuple[str, str]],
                    advance: Callable[[int], None]) -> int:
     """Match and geometrically verify ``pairs`` of image names; pairs the database
     has matched are skipped. The count skipped."""
-    import pycolmap
+    from splatscale.native import pycolmap
 
     todo = unmatched(database, pairs)
     advance(len(pairs) - len(todo))
@@ -140,7 +140,7 @@ def map_scene(database: Path, images: Path, output: Path, settings: SfmSettings,
               advance: Callable[[int], None]):
     """The reconstructions the mapper finds, written under ``output``; ``advance(1)``
     for each image the incremental mapper registers. A Ctrl-C cancels it."""
-    import pycolmap
+    from splatscale.native import pycolmap
 
     if settings.mapper == "global":  # it takes no cancellation token: Ctrl-C leaves it
         return _cancellable(lambda token: pycolmap.global_mapping(database, images, output),
@@ -157,7 +157,7 @@ def _cancellable(call: Callable, cancels: bool = True):
     """``call(token)`` in a worker thread, so that Ctrl-C reaches this one: it cancels
     the token, waits for the worker to stop (if ``call`` heeds the token), and goes on
     with the KeyboardInterrupt."""
-    import pycolmap
+    from splatscale.native import pycolmap
 
     token = pycolmap.CancellationToken()
     outcome: dict = {}
