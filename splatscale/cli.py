@@ -8,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from splatscale import launch
+from splatscale import launch, native
 from splatscale.errors import QUIET_EXIT, interrupt, run_reported
 from splatscale.messages import speaks
 from splatscale.threads import usable_cores
@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     launch.as_launched_rank()
+    native.load_all()  # first: no other thread is there to run a library's own handler
     # Imported here, inside main's handlers: Ctrl-C while torch loads is a clean exit too.
     from splatscale import commands
     from splatscale.threads import use_threads

@@ -4,7 +4,6 @@ trains (``splatscale train --viewer``)."""
 from __future__ import annotations
 
 import json
-import signal
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -71,9 +70,6 @@ def view(server, model: GaussianModel, scenery: Scenery | None, background: torc
     """Show ``model`` until Ctrl-C."""
     page = Page(server, scenery, background, title)
     page.show_model(model)
-    # pycolmap (glog) took SIGTERM over as it loaded, to dump a stack and abort: give
-    # it back to Python's handler, which stops this loop quietly.
-    signal.signal(signal.SIGTERM, signal.getsignal(signal.SIGTERM))
     notice(f"viewing {title} at {url(server)} (Ctrl-C to stop)")
     try:
         while True:
