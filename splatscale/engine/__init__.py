@@ -160,5 +160,11 @@ class Engine(Protocol):
         """Whether ``flag`` is set on any rank (so all ranks act on one rank's Ctrl-C)."""
         ...
 
+    def close(self) -> None:
+        """End the threads the engine runs beside its steps, once their work is done.
+        Post: no thread of the engine's is alive; it is not stepped again, but what
+        it holds may still be read (``render``, ``model_parts``, ``state_dict``)."""
+        ...
+
 
 __all__ = ["Engine", "StepResult", "TrainView"]

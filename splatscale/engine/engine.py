@@ -213,3 +213,6 @@ class ComposedEngine:
 
     def any_rank(self, flag: bool) -> bool:
         return self.compute.any_rank(flag)
+
+    def close(self) -> None:
+        self.rows.close()

@@ -92,6 +92,10 @@ class Rows(Protocol):
 
     def load_state_dict(self, state: EngineState) -> None: ...
 
+    def close(self) -> None:
+        """End the threads that work beside the steps (``Engine.close``)."""
+        ...
+
 
 class ResidentRows:
     """Every row, its Adam state and statistics on ``device``: always current."""
@@ -132,6 +136,9 @@ class ResidentRows:
 
     def load_state_dict(self, state: EngineState) -> None:
         load_rows_state(self, state)
+
+    def close(self) -> None:
+        """Nothing works beside the steps."""
 
 
 def zero_stats(model: GaussianModel) -> densify.DensifyStats:

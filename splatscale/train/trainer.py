@@ -8,7 +8,7 @@ import resource
 import signal
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -181,14 +181,14 @@ class Trainer:
         pause between two (``serve_watcher``).
 
         Ctrl-C or SIGTERM finishes the current step, saves a checkpoint and raises
-        Interrupted.
+        Interrupted. However the steps end, the engine is closed (``Engine.close``).
         """
         o, c = self.options, self.config
         total_steps = math.ceil(c.iterations / c.batch_size)
         bar = tqdm(total=total_steps, initial=self.steps, disable=not o.progress,
                    unit="step", dynamic_ncols=True)
         log_path = o.output / "metrics.jsonl"
-        with _stop_after_step() as interrupted:
+        with closing(self.engine), _stop_after_step() as interrupted:
             if watcher is not None:
                 self._show_model(watcher)
             while self.steps < total_steps:

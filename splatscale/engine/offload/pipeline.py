@@ -7,7 +7,8 @@ Meanwhile step t+1 asks for the values its rows will have after that update:
 none), and ``DeferredAdam.advance`` computes the same values from the same
 inputs, so the device sees what sequential training would show it. Nothing
 writes the master arrays while the worker reads them: ``settle`` waits for the
-worker and returns the rows for the caller to write.
+worker and returns the rows for the caller to write. The worker thread starts
+with the first ``submit`` and ends with ``close``.
 """
 
 from __future__ import annotations
@@ -68,5 +69,7 @@ class UpdatePipeline:
         return advanced
 
     def close(self) -> None:
+        """The worker ends once the in-flight update is computed (``settle`` still
+        returns it); no update may be submitted after."""
         if self.worker is not None:
             self.worker.shutdown(wait=True)

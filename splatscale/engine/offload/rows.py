@@ -247,6 +247,11 @@ class OffloadedRows:
         self.host_adam = DeferredAdam(self.optimizer, len(self.model))
         self.geometry = self._device_geometry()
 
+    def close(self) -> None:
+        """The forwarding worker ends; an update it was computing is kept for
+        ``bring_current`` to write."""
+        self.pipeline.close()
+
     def memory_per_gaussian(self) -> dict[str, int]:
         """Persistent bytes per Gaussian: on the device, and in host memory."""
         host = sum(t[0].nbytes for t in (*self.model.parameters().values(),
