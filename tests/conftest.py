@@ -1,8 +1,11 @@
-"""Shared test helpers: the test data folder and small synthetic scenes."""
+"""Shared test helpers: the test data folder, small synthetic scenes, and waiting for
+what a process or a page does."""
 
 from __future__ import annotations
 
 import math
+import subprocess
+import time
 from typing import Callable
 from pathlib import Path
 
@@ -25,6 +28,26 @@ def data_path(*parts: str) -> Path:
     path = TEST_DATA.joinpath(*parts)
     assert path.exists(), f"test data missing from the checkout: {path}"
     return path
+
+
+# Seconds a test waits for a process, a page or a condition before it calls it hung. A
+# guard against a hang, never a verdict: far beyond what the slowest busy machine takes.
+HANG_GUARD = 1800
+
+
+def wait_until(condition: Callable[[], object], what: str,
+               process: subprocess.Popen | None = None, every: float = 0.2):
+    """``condition()``'s first true value, asked every ``every`` seconds. Fails if
+    ``process`` ends first (with what it said), or after ``HANG_GUARD`` seconds."""
+    deadline = time.monotonic() + HANG_GUARD
+    while not (value := condition()):
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"the process ended (status {process.returncode}) before {what}: "
+                        f"{process.communicate()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"hung: {HANG_GUARD} s without {what}")
+        time.sleep(every)
+    return value
 
 
 def look_at_camera(eye, target, width: int, height: int, focal: float,

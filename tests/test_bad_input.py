@@ -19,7 +19,7 @@ from PIL import Image
 
 from splatscale.cli import main
 from splatscale.model.ply import write_ply
-from tests.conftest import data_path, random_model
+from tests.conftest import HANG_GUARD, data_path, random_model
 
 EARLIER = {"point_cloud.ply": b"earlier model", "config.json": b'{"earlier": true}',
            "notes.txt": b"the user's own file"}
@@ -27,7 +27,7 @@ EARLIER = {"point_cloud.ply": b"earlier model", "config.json": b'{"earlier": tru
 
 def run_cli(*args: str, **options) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "splatscale", *args], capture_output=True,
-                          text=True, timeout=300, **options)
+                          text=True, timeout=HANG_GUARD, **options)
 
 
 def on_a_terminal(stderr: str) -> list[str]:

@@ -18,7 +18,7 @@ from splatscale.render.cuda_backend import Kernels, composite
 from splatscale.render.rasterize import composite as cpu_composite
 from splatscale.engine.local import local_engine
 from splatscale.engine.offload import offload_engine
-from tests.conftest import (densifying_run, densifying_scene, gsplat_kernel_boxes,
+from tests.conftest import (HANG_GUARD, densifying_run, densifying_scene, gsplat_kernel_boxes,
                             data_path, orbit_cameras, random_model, state_by_key)
 
 WIDTH, HEIGHT = 45, 37  # not multiples of 16
@@ -315,7 +315,7 @@ def test_training_600_images_on_cuda_reaches_the_cpu_psnr(tmp_path):
         result = subprocess.run(
             [sys.executable, "-m", "splatscale", "train", str(data_path("snowmiku")), "-o",
              str(out), "--iterations", "600", "--eval", "--quiet", "--device", device],
-            capture_output=True, text=True, timeout=900)
+            capture_output=True, text=True, timeout=HANG_GUARD)
         assert result.returncode == 0, result.stderr
         psnr[device] = json.loads((out / "report.json").read_text())["test"]["psnr"]
     assert abs(psnr["cuda"] - psnr["cpu"]) <= 0.2, psnr

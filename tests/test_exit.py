@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.conftest import HANG_GUARD
+
 KERNELS_FROM_A_WORKER = """
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +36,7 @@ def ran(environment: dict[str, str]) -> str:
     import os
 
     result = subprocess.run([sys.executable, "-c", KERNELS_FROM_A_WORKER], capture_output=True,
-                            text=True, timeout=120, env={**os.environ, **environment})
+                            text=True, timeout=HANG_GUARD, env={**os.environ, **environment})
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
 

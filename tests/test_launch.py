@@ -18,6 +18,7 @@ import torch
 
 from splatscale.errors import QUIET_EXIT
 from splatscale.folder_lock import LOCK_NAME
+from tests.conftest import HANG_GUARD, wait_until
 from tests.test_bad_input import assert_clean_error
 from tests.test_distributed import children_of
 from tests.test_refused_runs import snapshot
@@ -30,8 +31,8 @@ def splatscale(*args: str, **options) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options)
 
 
-def finished(process: subprocess.Popen, timeout: float = 180) -> tuple[int, str]:
-    _, err = process.communicate(timeout=timeout)
+def finished(process: subprocess.Popen) -> tuple[int, str]:
+    _, err = process.communicate(timeout=HANG_GUARD)
     return process.returncode, err
 
 
@@ -41,11 +42,7 @@ def train(out: Path, cache: Path, *flags: str) -> subprocess.Popen:
 
 def under_way(out: Path, process: subprocess.Popen) -> None:
     """Wait for the first log line: every rank is training."""
-    deadline = time.monotonic() + 240
-    while not (out / "metrics.jsonl").is_file():
-        assert process.poll() is None, process.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.2)
+    wait_until((out / "metrics.jsonl").is_file, "the first log line", process)
 
 
 def images_saved(out: Path) -> int:
@@ -86,8 +83,11 @@ def test_a_held_folder_is_refused_before_any_rank_starts(two_rank_run, tmp_path)
     (run / LOCK_NAME).write_text(f"{os.getpid()} {socket.gethostname()}\n")
     before = snapshot(run)
     process = train(run, two_rank_run / "cache", "--resume", "--nproc", "2")
-    time.sleep(1)
-    assert children_of(process.pid) == [], "no rank is spawned"
+
+    def refused() -> bool:  # no rank is seen from start to end
+        assert children_of(process.pid) == [], "no rank is spawned"
+        return process.poll() is not None
+    wait_until(refused, "the launcher to refuse the run", every=0.05)
     code, err = finished(process)
     assert_clean_error(code, err, f"process {os.getpid()}", "is writing here")
     assert snapshot(run) == before
@@ -101,7 +101,7 @@ def test_a_signal_to_the_launcher_reaches_every_rank(signum, two_rank_run, tmp_p
                     "--checkpoint-every", "0", "--nproc", "2")
     under_way(out, process)
     process.send_signal(signum)
-    code, err = finished(process, timeout=120)
+    code, err = finished(process)
     assert code == 130, err
     lines = err.strip().splitlines()
     assert "Traceback" not in err and len(lines) == 2, err
@@ -116,13 +116,11 @@ def test_a_signal_while_ranks_start_stops_them_quietly(delay, two_rank_run, tmp_
     short fails oddly), or while they read the scene."""
     out = tmp_path / "run"
     process = train(out, two_rank_run / "cache", "--iterations", "100000", "--nproc", "2")
-    deadline = time.monotonic() + 60
-    while len(children_of(process.pid)) < 2:
-        assert time.monotonic() < deadline and process.poll() is None
-        time.sleep(0.05)
-    time.sleep(delay)
+    wait_until(lambda: len(children_of(process.pid)) >= 2, "both ranks started", process,
+               every=0.05)
+    time.sleep(delay)  # the moment the signal lands; the verdict holds at any
     process.send_signal(signal.SIGINT)
-    code, err = finished(process, timeout=120)
+    code, err = finished(process)
     assert code == 130 and "Traceback" not in err, err
     lines = err.strip().splitlines()
     assert lines == ["splatscale: interrupted"] or (
@@ -139,10 +137,8 @@ def test_ranks_whose_launcher_dies_stop_with_a_checkpoint(two_rank_run, tmp_path
     assert len(ranks) == 2, ranks
     process.kill()
     process.wait()
-    deadline = time.monotonic() + 120
-    while any(Path(f"/proc/{pid}").exists() for pid in ranks):
-        assert time.monotonic() < deadline, "the ranks must stop"
-        time.sleep(0.2)
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in ranks),
+               "the ranks to stop")
     assert images_saved(out) > 0
     (out / LOCK_NAME).unlink()  # the launcher's, left by its kill -9
     resumes(out, two_rank_run / "cache")
@@ -180,7 +176,7 @@ def torchrun_ranks(flags: list[list[str]]) -> list[tuple[int, str]]:
 
 
 def test_a_refusal_every_rank_meets_is_said_once(tmp_path):
-    run = ["-o", str(tmp_path / "run"), "--quiet", "--join-timeout", "30"]
+    run = ["-o", str(tmp_path / "run"), "--quiet", "--join-timeout", str(HANG_GUARD)]
     for wrong, said in ((["--forwarding"], "--forwarding: only with --offload"),
                         (["--batch-size", "0"], "argument --batch-size")):
         (code, err), (quiet_code, quiet_err) = torchrun_ranks([run + wrong, run + wrong])
@@ -201,7 +197,7 @@ def test_under_torchrun_a_refusal_is_said_once(tmp_path, launcher, wrong):
     agent = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", *launcher,
          "-m", "splatscale", "train", "-o", str(tmp_path / "run"), *wrong],
-        capture_output=True, text=True, timeout=120)
+        capture_output=True, text=True, timeout=HANG_GUARD)
     said = [line for line in agent.stderr.splitlines() if line.startswith("splatscale:")]
     assert len(said) == 1 and said[0].startswith("splatscale: error: "), agent.stderr
     assert "rank" not in said[0] and "interrupted" not in agent.stderr
@@ -211,7 +207,7 @@ def test_under_torchrun_a_refusal_is_said_once(tmp_path, launcher, wrong):
 def test_a_refusal_one_rank_meets_is_said_by_that_rank_alone(tmp_path):
     """Checks that need no other rank (flags, the device) run before the ranks meet;
     the ranks still stop together, and only the one that refused says why."""
-    run = ["-o", str(tmp_path / "run"), "--quiet", "--join-timeout", "30"]
+    run = ["-o", str(tmp_path / "run"), "--quiet", "--join-timeout", str(HANG_GUARD)]
     (code, err), (refused_code, refused_err) = torchrun_ranks([run, run + ["--forwarding"]])
     assert_clean_error(refused_code, refused_err, "error: rank 1: --forwarding: only with")
     assert (code, err) == (QUIET_EXIT, "")

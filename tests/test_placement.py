@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 from splatscale.engine.distributed import collectives, group
 from splatscale.engine.distributed.placement import Placement, PlacementError, chosen_backend
 from splatscale.errors import lost_peer
+from tests.conftest import HANG_GUARD
 from tests.test_distributed import join
 
 
@@ -47,7 +48,7 @@ def joining_rank(rank: int, world: int, port: int, identities: list[str], comm,
     group.gpu_identity = lambda device: identities[rank]
     ranks = group.Ranks(rank, world, rank, world, "127.0.0.1", port)
     try:
-        outcome = group.join(ranks, 30.0, "cuda:0", comm)
+        outcome = group.join(ranks, HANG_GUARD, "cuda:0", comm)
     except PlacementError as error:
         outcome = str(error)
     except Exception as error:  # noqa: BLE001 - rank 0, refusing, took its store away

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,7 @@ import torch
 from splatscale.cli import main
 from splatscale.model.ply import read_ply, write_ply
 from splatscale.folder_lock import LOCK_NAME
-from tests.conftest import random_model
+from tests.conftest import HANG_GUARD, random_model, wait_until
 
 
 @pytest.fixture
@@ -143,11 +142,10 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, cache):
     command = [sys.executable, "-m", "splatscale", "train", "-o", str(out), "--quiet", *cache,
                "--iterations", "100000", "--checkpoint-every", "0"]
     process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while not (out / "metrics.jsonl").is_file() and time.monotonic() < deadline:
-        time.sleep(0.2)  # the first log line: training is under way
+    wait_until((out / "metrics.jsonl").is_file, "the first log line: training under way",
+               process)
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
+    _, err = process.communicate(timeout=HANG_GUARD)
     assert process.returncode == 130, err
     assert "Traceback" not in err and "checkpoint.pt saved, --resume continues" in err
     saved = torch.load(out / "checkpoint.pt", weights_only=False)["trainer"]["images_seen"]
@@ -163,9 +161,8 @@ def test_ctrl_c_during_start_up_is_quiet(tmp_path, cache):
                                stderr=subprocess.PIPE, text=True)
     # The CLI's start-up: from the moment torch's libraries load (inside the CLI's
     # handlers) to the scene's set-up. Earlier, the interpreter itself is starting.
-    maps, deadline = Path(f"/proc/{process.pid}/maps"), time.monotonic() + 120
-    while b"libtorch" not in maps.read_bytes() and time.monotonic() < deadline:
-        time.sleep(0.01)
+    maps = Path(f"/proc/{process.pid}/maps")
+    wait_until(lambda: b"libtorch" in maps.read_bytes(), "torch loading", process, every=0.01)
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=120)
+    _, err = process.communicate(timeout=HANG_GUARD)
     assert process.returncode == 130 and "Traceback" not in err, err

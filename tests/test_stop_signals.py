@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -28,10 +27,9 @@ import splatscale
 from splatscale.folder_lock import LOCK_NAME
 from splatscale.model.ply import write_ply
 from splatscale.native import TAKE_SIGNALS_OVER, load_keeping_stop_signals
-from tests.conftest import data_path, random_model
+from tests.conftest import HANG_GUARD, data_path, random_model, wait_until
 from tests.test_bad_input import on_a_terminal
 
-HANG_GUARD = 900  # seconds: only a hung command takes this long, however busy the machine
 SNOWMIKU = data_path("snowmiku")
 NATIVE_DUMP = ("Aborted", "stack trace", "Traceback")
 STOPS = [signal.SIGTERM, signal.SIGINT]
@@ -65,11 +63,10 @@ class Command:
 
     def stopped_when(self, seen: Callable[[], bool], signum: int) -> tuple[int, str]:
         """Send ``signum`` as soon as ``seen()``; the exit status and all of stderr."""
-        deadline = time.monotonic() + HANG_GUARD
-        while not seen():
+        def moment() -> bool:
             assert self.process.poll() is None, f"ended before the moment:\n{self.stderr}"
-            assert time.monotonic() < deadline, f"hung:\n{self.stderr}"
-            time.sleep(0.01)
+            return seen()
+        wait_until(moment, "the moment to stop it", every=0.01)
         self.process.send_signal(signum)
         code = self.process.wait(timeout=HANG_GUARD)
         self.reader.join(HANG_GUARD)
@@ -229,7 +226,9 @@ def started_view(tmp_path: Path) -> tuple[Command, Path]:
 @pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.name)
 def test_view_stops_while_it_reads_a_colmap_scene(tmp_path, stop):
     command, cache = started_view(tmp_path)
-    decoding = lambda: any(cache.glob("*/*/*"))  # noqa: E731 - an image written to the cache
+
+    def decoding() -> bool:  # an image is written to the cache
+        return any(cache.glob("*/*/*"))
     assert_stopped_as_ctrl_c(*command.stopped_when(decoding, stop))
 
 

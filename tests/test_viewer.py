@@ -30,7 +30,7 @@ from splatscale.train.trainer import RunOptions, Trainer
 from splatscale.train.watch import Bystander
 from splatscale.viewer.poses import camera_at, pose_of, up_direction
 from splatscale.viewer.splats import browser_splats
-from tests.conftest import random_model
+from tests.conftest import HANG_GUARD, random_model
 
 
 @pytest.fixture(scope="module")
@@ -232,5 +232,5 @@ def test_view_serves_until_a_stop_signal(tmp_path):
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/") as page:
             assert page.status == 200
         process.send_signal(stop)
-        assert process.wait(timeout=30) == 0
+        assert process.wait(timeout=HANG_GUARD) == 0
         assert process.stderr.read() == ""

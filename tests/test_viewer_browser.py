@@ -27,6 +27,7 @@ from splatscale.data.images import ImageStore
 from splatscale.demo import demo_scene
 from splatscale.viewer.page import FRUSTUM_SIZE, Scenery
 from splatscale.viewer.poses import overview, pose_of
+from tests.conftest import HANG_GUARD, wait_until
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 REQUIRED = os.environ.get("SPLATSCALE_BROWSER_TESTS") == "required"
@@ -34,6 +35,7 @@ REQUIRED = os.environ.get("SPLATSCALE_BROWSER_TESTS") == "required"
 CHROMIUM_ARGS = ["--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--ignore-gpu-blocklist"]
 VIEWPORT = {"width": 1280, "height": 800}
 PANEL_LEFT = 860  # pixels: the control panel covers the canvas to the right of this
+PAGE_HANG_GUARD = HANG_GUARD * 1000  # milliseconds, as Playwright counts
 
 
 def playwright_or_skip():
@@ -54,9 +56,12 @@ def playwright_or_skip():
 def browser_page():
     sync_playwright = playwright_or_skip()
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+                                             timeout=PAGE_HANG_GUARD)
         try:
-            yield browser.new_page(viewport=VIEWPORT)
+            page = browser.new_page(viewport=VIEWPORT)
+            page.set_default_timeout(PAGE_HANG_GUARD)  # every wait, click and load
+            yield page
         finally:
             browser.close()
 
@@ -92,7 +97,7 @@ def splatscale(*args: str, ready: str):
     finally:
         if process.poll() is None:
             process.send_signal(2)
-            process.wait(timeout=60)
+            process.wait(timeout=HANG_GUARD)
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +120,11 @@ def below_centre(page) -> np.ndarray:
     shot = np.asarray(Image.open(BytesIO(page.screenshot())).convert("RGB"), dtype=float)
     x, y = VIEWPORT["width"] // 2, VIEWPORT["height"] * 5 // 8
     return shot[y - 20:y + 20, x - 20:x + 20]
+
+
+def drawn(pixels: np.ndarray) -> bool:
+    """Whether ``pixels`` of the canvas show something other than its white."""
+    return np.abs(pixels.mean(axis=(0, 1)) - 255).max() > 10
 
 
 def on_screen(point: np.ndarray, pose, viewport: dict) -> tuple[np.ndarray, float]:
@@ -162,24 +172,22 @@ def test_view_shows_the_model_and_compares_a_camera(demo_run, browser_page, arti
                 if not request.url.startswith((f"http://127.0.0.1:{port}/", "data:", "blob:"))
                 else None)
         page.goto(f"http://127.0.0.1:{port}")
-        page.get_by_text("Click a camera").wait_for(timeout=60_000)
-        time.sleep(3)  # the splats are drawn
-        centre = below_centre(page)
-        assert np.abs(centre.mean(axis=(0, 1)) - 255).max() > 10, "blank canvas"
+        page.get_by_text("Click a camera").wait_for()
+        wait_until(lambda: drawn(below_centre(page)), "the splats drawn on the canvas")
         page.screenshot(path=artifacts / "viewer-view.png")
 
         scene = demo_scene(cache)
         train_ids, test_ids = scene.split(True)
         name, spot = camera_to_click(Scenery(ImageStore(scene), train_ids, test_ids), VIEWPORT)
         page.mouse.click(*spot)
-        page.get_by_text(name).wait_for(timeout=30_000)
+        page.get_by_text(name).wait_for()
         text = page.inner_text("body")
         assert "training view" in text and "photo" in text and "exact render" in text
         assert re.search(r"PSNR\s+\d+\.\d\d dB", text)
         page.screenshot(path=artifacts / "viewer-camera.png")
 
         page.get_by_role("button", name="Render this view (exact)").click()
-        page.get_by_text("exact render, ").wait_for(timeout=30_000)
+        page.get_by_text("exact render, ").wait_for()
     assert not elsewhere, f"the page loaded from elsewhere: {elsewhere}"
 
 
@@ -192,16 +200,6 @@ def progress(page) -> tuple[int, int, str]:
     return int(images[1].replace(",", "")), int(images[2].replace(",", "")), state[1]
 
 
-def wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    pytest.fail(f"waited {timeout} s for {what}")
-
-
 def test_train_with_the_viewer_pauses_resumes_and_ends_as_without(tmp_path, browser_page,
                                                                    artifacts):
     cache = ["--cache-dir", str(tmp_path / "cache")]
@@ -212,25 +210,25 @@ def test_train_with_the_viewer_pauses_resumes_and_ends_as_without(tmp_path, brow
                     "--port", str(port), ready="watch and steer") as run:
         page = browser_page
         page.goto(f"http://127.0.0.1:{port}")
-        first = wait_for(lambda: progress(page)[0], 120, "the images counter")
-        wait_for(lambda: progress(page)[0] > first, 60, "the counter to advance")
+        first = wait_until(lambda: progress(page)[0], "the images counter")
+        wait_until(lambda: progress(page)[0] > first, "the counter to advance")
 
         page.get_by_role("button", name="Pause").click()
-        wait_for(lambda: progress(page)[2] == "paused", 30, "the run to pause")
+        wait_until(lambda: progress(page)[2] == "paused", "the run to pause")
         held_at = progress(page)[0]
         assert held_at < 1500, "the run ended before it could be paused"
         page.get_by_role("button", name="Checkpoint now").click()
-        page.get_by_text(f"checkpoint saved after image {held_at:,}").wait_for(timeout=30_000)
+        page.get_by_text(f"checkpoint saved after image {held_at:,}").wait_for()
         time.sleep(4)
         assert progress(page)[0] == held_at and run.poll() is None
         page.screenshot(path=artifacts / "viewer-train-paused.png")
 
         page.get_by_role("button", name="Resume").click()
-        wait_for(lambda: progress(page)[0] > held_at, 60, "the run to resume")
+        wait_until(lambda: progress(page)[0] > held_at, "the run to resume")
         # The page closed, the run goes on (and no longer shares the cores with a
         # browser drawing in software).
         page.goto("about:blank")
-        assert run.wait(timeout=300) == 0
+        assert run.wait(timeout=HANG_GUARD) == 0
     # A process of its own, as the watched run: an earlier test in this one may have
     # changed its thread count, and with it how sums over threads round.
     subprocess.run([sys.executable, "-m", "splatscale", "train", "-o", str(alone), *iterations,
