@@ -2,9 +2,10 @@
 line, exit status 130, no lock left), also once pycolmap is loaded, whose glog takes
 SIGTERM over as it loads (``splatscale/native.py``).
 
-Each signal is sent at a moment the test sees happen (a stage's progress bar on
-stderr, the folder's lock file, pycolmap's library mapped into the process), never
-after a sleep; the timeouts only guard against a hang."""
+Each signal is sent at a moment the test sees happen (a stage's progress bar or a
+line on stderr, the folder's lock file, an image in the cache, pycolmap's library
+mapped into the process), never after a sleep; the timeouts only guard against a
+hang."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ from tests.conftest import HANG_GUARD, data_path, random_model, wait_until
 from tests.test_bad_input import on_a_terminal
 
 SNOWMIKU = data_path("snowmiku")
-NATIVE_DUMP = ("Aborted", "stack trace", "Traceback")
+STACK_DUMPS = ("Aborted", "stack trace", "Traceback")  # glog's and Python's
 STOPS = [signal.SIGTERM, signal.SIGINT]
 pytestmark = pytest.mark.skipif(not Path("/proc/self/maps").exists(),
                                 reason="watches /proc/PID/maps")
@@ -73,13 +74,13 @@ class Command:
         return code, self.stderr
 
 
-def assert_no_native_dump(stderr: str) -> None:
-    for sign in NATIVE_DUMP:
+def assert_no_stack_dump(stderr: str) -> None:
+    for sign in STACK_DUMPS:
         assert sign not in stderr, stderr
 
 
 def assert_stopped_as_ctrl_c(code: int, stderr: str) -> None:
-    assert_no_native_dump(stderr)
+    assert_no_stack_dump(stderr)
     assert code == 130, stderr
     assert on_a_terminal(stderr) == ["splatscale: interrupted"], stderr
 
@@ -101,7 +102,7 @@ def test_pycolmap_leaves_sigterm_to_python():
         from splatscale.native import pycolmap
         os.kill(os.getpid(), signal.SIGTERM)
         """)
-    assert_no_native_dump(ran.stderr)
+    assert_no_stack_dump(ran.stderr)
     assert (ran.returncode, ran.stdout) == (0, "python's handler\n"), ran.stderr
 
 
@@ -179,7 +180,7 @@ def test_prepare_stops_in_its_sfm_stages(photos, tmp_path, stage, stop):
     out = tmp_path / "scene"
     command = Command("prepare", str(photos), "-o", str(out))
     code, stderr = command.stopped_when(command.says(f"{stage}"), stop)
-    assert_no_native_dump(stderr)
+    assert_no_stack_dump(stderr)
     assert code == 130 and on_a_terminal(stderr)[-1] == "splatscale: interrupted", stderr
     assert not (out / LOCK_NAME).exists()
     if PYCOLMAP_STOPPING in stderr:
@@ -237,6 +238,6 @@ def test_view_of_a_colmap_scene_ends_quietly_on_a_stop(tmp_path, stop):
     """Serving, a stop is how the viewer is meant to end: quietly, exit status 0."""
     command, _ = started_view(tmp_path)
     code, stderr = command.stopped_when(command.says("(Ctrl-C to stop)"), stop)
-    assert_no_native_dump(stderr)
+    assert_no_stack_dump(stderr)
     assert code == 0, stderr
     assert [line for line in on_a_terminal(stderr) if "viewing" not in line] == [], stderr
