@@ -57,7 +57,10 @@ def _integer(low: int, high: int | None = None):
 
 def _folder(text: str) -> Path:
     """An argparse type: a path with ``a/../b`` read as ``b``, so that a run makes only
-    the folders it names (and removes them again if it is refused)."""
+    the folders it names (and removes them again if it is refused). An empty path is
+    refused: it would name the current folder without saying so."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (say . for this folder)")
     return Path(os.path.normpath(text))
 
 
@@ -99,6 +102,20 @@ def _add_offload_switch(parser: argparse.ArgumentParser, name: str, on: str, off
                         help=f"with --offload: {off}")
 
 
+MODEL_HELP = "a run folder (its point_cloud.ply), or a PLY model"
+
+
+def _add_model_views(parser: argparse.ArgumentParser) -> None:
+    """A model, and the views of its scene to render it at."""
+    parser.add_argument("model", type=Path, help=MODEL_HELP)
+    parser.add_argument("--data", default=None,
+                        help="the scene (default: the run's, read as it trained: its "
+                             "resolution, background and test views); needed for a PLY "
+                             "outside a run folder")
+    parser.add_argument("--split", choices=("train", "test", "all"), default="test",
+                        help="the run's test views (default), its training views, or all")
+
+
 def _add_serving(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=_integer(1, 65535), default=None,
                         help="the viewer's port (default 8080)")
@@ -113,10 +130,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", type=Path, default=None,
                         help="where undistorted/downscaled images are cached "
                              "(default: ~/.cache/splatscale)")
-    parser.add_argument("--resolution", type=int, default=1, choices=(1, 2, 4, 8),
-                        help="divide image sizes by this")
+    parser.add_argument("--resolution", type=int, default=None, choices=(1, 2, 4, 8),
+                        help="divide image sizes by this (default 1; for a run's model, "
+                             "the run's)")
     parser.add_argument("--max-width", type=_integer(16), default=None,
-                        help="cap the image width (pixels, at least 16)")
+                        help="cap the image width (pixels, at least 16; for a run's model, "
+                             "the run's cap)")
     parser.add_argument("--image-memory", type=_size, default=None, metavar="SIZE",
                         help="decoded images kept in memory, e.g. 8G or 500M, shared by "
                              "the ranks of one machine (default: a quarter of its memory); "
@@ -136,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="COLMAP folder or transforms.json scene (default: built-in demo)")
     train.add_argument("-o", "--output", type=_folder, required=True,
                        help="the run's folder: its model, checkpoint, metrics and renders")
-    train.add_argument("--eval", action="store_true", help="hold out every 8th image for test")
+    train.add_argument("--eval", action="store_true", default=None,
+                       help="hold out every 8th image for test")
     train.add_argument("--iterations", type=_integer(1), default=None,
                        help="images to train on (default 30000; with --resume, the run's own)")
     train.add_argument("--batch-size", type=_integer(1), default=None, help="default 1")
@@ -212,24 +232,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(train)
 
     render = sub.add_parser("render", help="render a model's views to PNG")
-    render.add_argument("model", type=Path, help="a point_cloud.ply")
-    render.add_argument("--data", default=None, help="the scene (default: built-in demo)")
-    render.add_argument("--split", choices=("train", "test", "all"), default="test")
-    render.add_argument("-o", "--output", type=Path, default=None,
-                        help="folder for the PNGs (default: renders/ beside the model)")
+    _add_model_views(render)
+    render.add_argument("-o", "--output", type=_folder, default=None,
+                        help="a new or empty folder for the PNGs, or one of earlier renders "
+                             "(default: renders/SPLIT beside the model)")
     _add_common(render)
 
     evaluate = sub.add_parser("eval", help="test-view metrics of a model as JSON")
-    evaluate.add_argument("model", type=Path)
-    evaluate.add_argument("--data", default=None)
-    evaluate.add_argument("--split", choices=("train", "test", "all"), default="test")
+    _add_model_views(evaluate)
     _add_common(evaluate)
 
     prepare = sub.add_parser("prepare", help="make a scene of photos or a video (SfM)",
                              description=PREPARE_HELP)
     prepare.add_argument("input", type=_folder,
-                         help="a folder of photos (JPEG, PNG, TIFF, WebP), a video, or a "
-                              "folder of videos")
+                         help="a folder of photos (JPEG, PNG, TIFF, WebP, BMP, HEIC), a video, "
+                              "or a folder of videos")
     prepare.add_argument("-o", "--output", type=_folder, required=True,
                          help="the scene folder to make (images/, sparse/0/)")
     prepare.add_argument("--frames", type=_integer(3), default=100,
@@ -248,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="incremental (COLMAP's, default) or global (GLOMAP's, faster "
                               "on hundreds of images and more)")
     prepare.add_argument("--overwrite", action="store_true",
-                         help="start afresh in OUTPUT (default: go on from what is there)")
+                         help="start afresh in OUTPUT, removing only what prepare wrote there "
+                              "(default: go on from what is there)")
     prepare.add_argument("--verbose", action="store_true", help="pycolmap's own log too")
     prepare.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -261,10 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "folder's own; none for a PLY)")
     _add_serving(view)
     _add_common(view)
-    view.set_defaults(resolution=None)  # a run folder's own, else 1
 
     export = sub.add_parser("export", help="convert a model")
-    export.add_argument("model", type=Path, help="a PLY model")
+    export.add_argument("model", type=Path, help=MODEL_HELP)
     export.add_argument("--format", choices=("ply", "splat", "spz"), required=True,
                         help="ply (INRIA's layout), splat (antimatter15's) or spz (Niantic's "
                              "compressed format, a quarter of the PLY or less)")

@@ -3,14 +3,11 @@ trains (``splatscale train --viewer``)."""
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
 import torch
 
-from splatscale.errors import DataError
 from splatscale.messages import notice
 from splatscale.model.gaussians import GaussianModel
 from splatscale.viewer.live import LiveRun
@@ -18,41 +15,6 @@ from splatscale.viewer.page import Page, Scenery
 from splatscale.viewer.server import open_server, url
 
 SERVE_POLL = 0.2  # seconds: how long a viewing process waits for work before looking again
-
-
-def viewed_model(target: Path) -> tuple[Path, dict | None]:
-    """The PLY that ``target`` names (a PLY, or a run folder's point_cloud.ply) and,
-    for a run folder, its config.json (where its scene is)."""
-    if not target.is_dir():
-        return target, None
-    model, config = target / "point_cloud.ply", target / "config.json"
-    if not model.is_file():
-        raise DataError(f"{target}: a folder without point_cloud.ply (a finished run's "
-                        "model); name a PLY, or a run folder")
-    if not config.is_file():
-        return model, None
-    try:
-        record = json.loads(config.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DataError(f"{config}: not a run's config.json ({error})") from None
-    return model, _checked_record(record, config)
-
-
-# What view reads of a run's config.json, and what each may be.
-RECORD_FIELDS = {"data": lambda v: v is None or isinstance(v, str),
-                 "resolution": lambda v: v in (None, 1, 2, 4, 8),
-                 "max_width": lambda v: v is None or (type(v) is int and v >= 16),
-                 "eval": lambda v: isinstance(v, bool),
-                 "white_background": lambda v: v is None or isinstance(v, bool)}
-
-
-def _checked_record(record, config: Path) -> dict:
-    if not isinstance(record, dict):
-        raise DataError(f"{config}: not a run's config.json (not a JSON object)")
-    for name, fits in RECORD_FIELDS.items():
-        if name in record and not fits(record[name]):
-            raise DataError(f"{config}: not a run's config.json ({name}: {record[name]!r})")
-    return record
 
 
 @contextmanager
