@@ -26,6 +26,7 @@ from splatscale.engine.distributed.exchange import render_rows
 from splatscale.engine.local import local_engine
 from splatscale.model.ply import read_ply
 from splatscale.train.checkpoint import KEYS, load_checkpoint, save_checkpoint
+from splatscale.train.config import TrainConfig
 from tests.conftest import TRAIN_STEPS as STEPS
 from tests.conftest import (HANG_GUARD, capped_run, densifying_run, densifying_scene, mcmc_run,
                             state_by_key, wait_until)
@@ -55,8 +56,12 @@ def step_state(engine, keys) -> dict:
     return by_key(keys, {n: p.grad for n, p in engine.model.parameters().items()})
 
 
-# What a checkpoint needs of the Trainer; these tests save engines alone.
-TRAINER_STATE = {name: None for name in KEYS["trainer"]}
+# What a checkpoint needs of the Trainer, as a Trainer of no step holds it; these tests
+# save engines alone.
+TRAINER_STATE = {"images_seen": 0, "steps": 0, "sh_degree": 0, "train_seconds": 0.0,
+                 "order": torch.Generator().get_state(), "queue": [],
+                 "config": TrainConfig().to_dict(), "scene": "", "eval_split": False}
+assert set(TRAINER_STATE) == set(KEYS["trainer"])
 
 
 def join(rank: int, world: int, init_file: str) -> None:
