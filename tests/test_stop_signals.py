@@ -183,9 +183,7 @@ def test_prepare_stops_in_its_sfm_stages(photos, tmp_path, stage, stop):
     assert_no_stack_dump(stderr)
     assert code == 130 and on_a_terminal(stderr)[-1] == "splatscale: interrupted", stderr
     assert not (out / LOCK_NAME).exists()
-    if PYCOLMAP_STOPPING in stderr:
-        pytest.xfail("pycolmap's own line as it stops a stage: prepare's quiet_logs "
-                     "(prepare/sfm.py) keeps glog's ERROR level")
+    assert PYCOLMAP_STOPPING not in stderr
     assert_stopped_as_ctrl_c(code, stderr)
 
 

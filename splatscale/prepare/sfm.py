@@ -34,11 +34,13 @@ class SfmSettings:
 
 
 def quiet_logs(verbose: bool) -> None:
-    """pycolmap logs every step of every stage on stderr: only its errors, unless asked."""
+    """pycolmap logs every step of every stage on stderr, and an ERROR line as a stop
+    cuts a stage short: none of it unless asked (its failures reach us as exceptions,
+    which say them in one line)."""
     from splatscale.native import pycolmap
 
-    pycolmap.logging.minloglevel = 0 if verbose else 2
-    pycolmap.logging.stderrthreshold = 0 if verbose else 2
+    pycolmap.logging.minloglevel = 0 if verbose else 3
+    pycolmap.logging.stderrthreshold = 0 if verbose else 3
 
 
 def _batches(items: list, size: int) -> Iterator[list]:
