@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -84,7 +85,7 @@ class ImageStore:
     """The images of a scene at the training resolution, with matching cameras.
 
     ``resolution`` divides every image size (1, 2, 4, 8); ``max_width`` instead
-    caps the width. Undistorted and downscaled copies are written once under
+    caps the width, and ``max_pixels`` the pixel count (the aspect kept). Undistorted and downscaled copies are written once under
     ``cache_dir`` and read from there afterwards. Decoded images stay in memory as
     uint8 up to ``memory_budget`` bytes (None: all of them); the others are kept
     as raw files under ``cache_dir`` (``image_memory.py``). ``decode_share`` (r, n):
@@ -96,22 +97,28 @@ class ImageStore:
     def __init__(self, scene: Scene, resolution: int = 1, max_width: int | None = None,
                  cache_dir: Path | None = None, background=(0.0, 0.0, 0.0),
                  memory_budget: int | None = None,
-                 decode_share: tuple[int, int] = (0, 1)) -> None:
+                 decode_share: tuple[int, int] = (0, 1), max_pixels: int | None = None
+                 ) -> None:
         if resolution not in (1, 2, 4, 8):
             raise ValueError(f"resolution must be 1, 2, 4 or 8, got {resolution}")
         self.scene = scene
         self.background = tuple(float(c) for c in background)
         self.memory = ImageMemory(memory_budget, self._raw, self._load)
         self.decode_share = decode_share
-        self._cameras = [self._scaled(v.camera, resolution, max_width) for v in scene.views]
+        self._cameras = [self._scaled(v.camera, resolution, max_width, max_pixels)
+                         for v in scene.views]
         key = hashlib.sha1(str(Path(scene.source).resolve()).encode()).hexdigest()[:16]
         self.cache_dir = (cache_dir or default_cache_dir()) / key
 
     @staticmethod
-    def _scaled(camera: Camera, resolution: int, max_width: int | None) -> Camera:
+    def _scaled(camera: Camera, resolution: int, max_width: int | None,
+                max_pixels: int | None) -> Camera:
         scale = 1.0 / resolution
         if max_width is not None and camera.width * scale > max_width:
             scale = max_width / camera.width
+        pixels = camera.width * camera.height
+        if max_pixels is not None and pixels * scale ** 2 > max_pixels:
+            scale = math.sqrt(max_pixels / pixels)
         if scale == 1.0:
             return camera
         width, height = max(1, round(camera.width * scale)), max(1, round(camera.height * scale))

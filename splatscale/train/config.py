@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 
 from splatscale.errors import DataError
 
@@ -41,12 +41,25 @@ class TrainConfig:
     sh_degree: int = 3
     sh_degree_interval: int = 1_000
     white_background: bool = False
+    # Every schedule above (counted in images) times this: 0.1 is a whole 3DGS run in
+    # 3,000 images, as gsplat's steps_scaler. 1 is the original schedule.
+    schedule_scale: float = 1.0
 
     def refine_until(self) -> int:
         """Images after which the Gaussians stop being densified (or relocated)."""
         if self.densify_until is not None:
             return self.densify_until
         return 25_000 if self.strategy == "mcmc" else 15_000
+
+    def scaled(self, factor: float) -> "TrainConfig":
+        """These settings with every schedule (the run's length, the learning rate's
+        decay, densification's window and interval, opacity resets, SH steps) ``factor``
+        times as long; each at least one image."""
+        schedules = {name: getattr(self, name) for name in SCHEDULES}
+        schedules["densify_until"] = self.refine_until()
+        return replace(self, schedule_scale=factor,
+                       **{name: max(1, round(images * factor))
+                          for name, images in schedules.items()})
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,6 +78,9 @@ class TrainConfig:
         return cls(**values)
 
 
+# The settings counted in images that --schedule-scale scales (densify_until too).
+SCHEDULES = ("iterations", "position_lr_max_steps", "densify_from", "densify_interval",
+             "opacity_reset_interval", "sh_degree_interval")
 # Settings with a narrower range than their type's (integers otherwise at least 0).
 AT_LEAST_ONE = {"iterations", "batch_size", "position_lr_max_steps", "densify_interval",
                 "sh_degree_interval", "max_gaussians"}
@@ -86,6 +102,9 @@ def _check_setting(name: str, kind: str, value, where: str) -> None:
         fits, expected = isinstance(value, bool), "true or false"
     elif base == "int":
         fits, expected = type(value) is int and value >= low, f"an integer of at least {low}"
+    elif name == "schedule_scale":
+        fits = type(value) in (int, float) and 0 < value < math.inf
+        expected = "a finite number above 0"
     else:  # float
         fits = type(value) in (int, float) and 0 <= value < math.inf
         expected = "a finite number of at least 0"

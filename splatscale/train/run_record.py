@@ -28,6 +28,7 @@ class RunRecord:
     data: str | None              # the scene's folder; None: the built-in demo scene
     resolution: int
     max_width: int | None
+    max_pixels: int | None
     eval: bool                    # every 8th view held out for testing
     white_background: bool
 
@@ -39,6 +40,8 @@ FIELDS: dict[str, tuple[Callable[[object], bool], str, object]] = {
     "resolution": (lambda v: v in (1, 2, 4, 8) and type(v) is int, "1, 2, 4 or 8", 1),
     "max_width": (lambda v: v is None or (type(v) is int and v >= 16),
                   "null or an integer of at least 16", None),
+    "max_pixels": (lambda v: v is None or (type(v) is int and v >= 256),
+                   "null or an integer of at least 256", None),
     "eval": (lambda v: isinstance(v, bool), "true or false", False),
     "white_background": (lambda v: isinstance(v, bool), "true or false", False),
 }
