@@ -26,6 +26,7 @@ class SplatscaleError(Exception):
 
     exit_code = 2
     voice = "self"  # who says it among ranks: "self" (the rank that met it) or "rank 0"
+    heading = "error: "  # what the line says it is
 
 
 class DataError(SplatscaleError, ValueError):
@@ -40,10 +41,12 @@ class TrainingDiverged(SplatscaleError):
 
 
 class Interrupted(SplatscaleError):
-    """Ctrl-C: the run stopped after a step and saved a checkpoint."""
+    """Ctrl-C: the run stopped after a step and saved a checkpoint, as the user asked:
+    not an error."""
 
     exit_code = 130
     voice = "rank 0"
+    heading = ""
 
 
 class StoppedByPeer(Exception):
@@ -97,7 +100,7 @@ def _report(error: BaseException, me: int | None) -> int:
         return QUIET_EXIT
     if isinstance(error, SplatscaleError):
         if _speaks(error.voice, me):
-            say(f"error: {'' if error.voice != 'self' else prefix}{error}")
+            say(f"{error.heading}{'' if error.voice != 'self' else prefix}{error}")
         return error.exit_code
     if isinstance(error, OSError):  # the disk, permissions, a path that is a file
         where = f"{error.filename}: " if error.filename else ""

@@ -28,7 +28,11 @@ def _lpips():
                 warnings.simplefilter("ignore")
                 _lpips_model = lpips.LPIPS(net="vgg", verbose=False).eval()
         except Exception as error:  # no package, or its weights cannot be fetched offline
-            _lpips_missing = f"LPIPS skipped: {type(error).__name__}: {error}"
+            _lpips_missing = (
+                "LPIPS is not measured: its package is not installed (pip install lpips "
+                "adds it)" if getattr(error, "name", None) == "lpips" else
+                f"LPIPS is not measured: its network did not load ({type(error).__name__}: "
+                f"{error})")
             notice(_lpips_missing)
     return _lpips_model
 

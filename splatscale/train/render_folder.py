@@ -36,6 +36,11 @@ def render_names(image_names: list[str]) -> list[str]:
     return [f"{path}.png" if stem in meeting else stem for path, stem in zip(paths, stems)]
 
 
+def photo_name(render_name: str) -> str:
+    """The file of the photo shown beside the render ``render_name``."""
+    return render_name.removesuffix(".png") + ".photo.png"
+
+
 class RenderFolder:
     def __init__(self, path: Path) -> None:
         self.path = Path(path)

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-from tqdm import tqdm
 
 from splatscale.atomic import write_json
 from splatscale.data.images import ImageStore
@@ -29,11 +28,13 @@ from splatscale.model import GaussianModel, init_from_points
 from splatscale.model.gaussians import concatenated
 from splatscale.model.init import (plain_background, random_points_in_cube,
                                    random_points_in_view)
+from splatscale.model.orientation import cameras_up
 from splatscale.model.ply import write_ply_parts
 from splatscale.train import metrics
 from splatscale.train.checkpoint import load_checkpoint, save_checkpoint
 from splatscale.train.config import TrainConfig
-from splatscale.train.render_folder import RenderFolder, render_names
+from splatscale.train.progress import ProgressBar
+from splatscale.train.render_folder import RenderFolder, photo_name, render_names
 from splatscale.train.schedule import crosses, position_lr
 from splatscale.train.strategy import Strategy, make_strategy
 from splatscale.train.watch import Watcher
@@ -185,22 +186,22 @@ class Trainer:
         """
         o, c = self.options, self.config
         total_steps = math.ceil(c.iterations / c.batch_size)
-        bar = tqdm(total=total_steps, initial=self.steps, disable=not o.progress,
-                   unit="step", dynamic_ncols=True)
+        bar = ProgressBar(self._total_images(), self.images_seen,
+                          (c.densify_from, c.refine_until()), shown=o.progress)
+        gaussians = self.engine.num_gaussians()
         log_path = o.output / "metrics.jsonl"
-        with closing(self.engine), _stop_after_step() as interrupted:
+        with closing(self.engine), closing(bar), _stop_after_step() as interrupted:
             if watcher is not None:
                 self._show_model(watcher)
             while self.steps < total_steps:
                 before = self.images_seen
                 start = time.perf_counter()
                 entry = self.train_step()
-                self.train_seconds += time.perf_counter() - start
+                seconds = time.perf_counter() - start
+                self.train_seconds += seconds
                 entry["images_per_second"] = self.images_seen / max(self.train_seconds, 1e-9)
-                bar.update(1)
-                bar.set_postfix(loss=f"{entry['loss']:.4f}", psnr=f"{entry['psnr']:.2f}",
-                                gaussians=entry["num_gaussians"],
-                                img_s=f"{entry['images_per_second']:.1f}")
+                bar.step(entry, seconds, gaussians)
+                gaussians = entry["num_gaussians"]
                 logged = self.steps % o.log_every == 0 or self.steps == total_steps
                 if logged or entry["changes"]:
                     entry.pop("diagnostics")  # the engine's own, for benchmarks
@@ -211,9 +212,10 @@ class Trainer:
                 if self.engine.any_rank(interrupted()):
                     bar.close()
                     self.save_checkpoint()
-                    raise Interrupted(f"interrupted after image {self.images_seen}; "
-                                      f"{self.checkpoint_path} saved, --resume continues")
-        bar.close()
+                    raise Interrupted(
+                        f"stopped after image {self.images_seen:,}, as asked; "
+                        f"{self.checkpoint_path} is saved, and "
+                        f"splatscale train -o {o.output} --resume continues the run")
         report = self.finish()
         if watcher is not None:
             watcher.finished(self.images_seen)
@@ -266,19 +268,22 @@ class Trainer:
 
     def evaluate(self, ids: list[int] | None = None, render_dir: Path | None = None) -> dict:
         """Test metrics over views ``ids`` (the test views); their renders written to
-        ``render_dir``, a folder of renders of the run's own, if given."""
+        ``render_dir``, a folder of renders of the run's own, if given, each beside its
+        photo (as trained on: ``NAME.photo.png``)."""
         ids = self.test_ids if ids is None else ids
         scores = metrics.ImageMetrics()
         names = render_names([self.store.camera(i).name for i in ids])
         folder = RenderFolder(render_dir) if render_dir is not None else None
         if folder is not None:
-            self._write(folder.begin, names, {"split": "test", "images": self.images_seen})
+            self._write(folder.begin, names + [photo_name(n) for n in names],
+                        {"split": "test", "images": self.images_seen})
         for i, name in zip(ids, names):
             out = self.engine.render(self.store.camera(i))
             image = out.rgb.clamp(0, 1).cpu()
             scores.add(image, self.store.as_float(i))
             if folder is not None:
                 self._write(folder.write, name, (image * 255).round().to(torch.uint8).numpy())
+                self._write(folder.write, photo_name(name), self.store.image(i).numpy())
         return scores.summary()
 
     def finish(self) -> dict:
@@ -300,6 +305,7 @@ class Trainer:
         }
         if self.test_ids:
             report["test"] = self.evaluate(render_dir=o.output / "renders" / "test")
+            report["test_views"] = len(self.test_ids)
             self._write(_append_jsonl, o.output / "metrics.jsonl",
                         {"images": self.images_seen, "test": report["test"]})
         self._write(write_json, o.output / "report.json", report)
@@ -330,11 +336,13 @@ class Trainer:
                            f"image {self.images_seen}")
 
     def _save_model(self, path: Path) -> None:
-        """``path`` as one PLY, streamed part by part by the writing rank."""
+        """``path`` as one PLY, streamed part by part by the writing rank, with the
+        training cameras' up (a viewer of the PLY alone shows it upright)."""
         self._require_finite()
         count, parts = self.engine.num_gaussians(), self.engine.model_parts()
         if self.options.writes:
-            write_ply_parts(parts, count, path)
+            up = cameras_up([self.store.camera(i) for i in self.train_ids])
+            write_ply_parts(parts, count, path, up)
         else:
             for _ in parts:  # a rank's own part goes to the writer as this runs
                 pass

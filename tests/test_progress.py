@@ -1,0 +1,103 @@
+"""What a run tells its user: an estimate of the time left that follows the model's
+growth, a summary in words at the end, a word before the kernels compile, and the
+train command's help in groups."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+import pytest
+
+from splatscale.cli import build_parser, main
+from splatscale.train.progress import TimeLeft, duration_text
+from splatscale.train.summary import summary
+from tests.conftest import HANG_GUARD
+
+TOTAL, DENSIFY_FROM, GROWTH_ENDS = 30_000, 500, 15_000
+
+
+def gaussians_at(image: int) -> float:
+    """A model that grows tenfold, steadily, while it densifies."""
+    growth = min(max(image - DENSIFY_FROM, 0), GROWTH_ENDS - DENSIFY_FROM)
+    return 100_000 + 900_000 * growth / (GROWTH_ENDS - DENSIFY_FROM)
+
+
+def seconds_per_image(gaussians: float) -> float:
+    return 0.02 + 2e-7 * gaussians  # fixed per pixel, then per Gaussian
+
+
+def true_time_left(now: int) -> float:
+    return sum(seconds_per_image(gaussians_at(i)) for i in range(now, TOTAL))
+
+
+@pytest.mark.parametrize("now", [2_000, 7_000, 12_000, 20_000])
+def test_the_time_left_follows_a_growing_model(now):
+    estimate, elapsed = TimeLeft(TOTAL, (DENSIFY_FROM, GROWTH_ENDS)), 0.0
+    for image in range(0, now, 10):
+        seconds = sum(seconds_per_image(gaussians_at(i)) for i in range(image, image + 10))
+        estimate.step(image + 10, seconds, int(gaussians_at(image)),
+                      int(gaussians_at(image + 10)))
+        elapsed += seconds
+    truth = true_time_left(now)
+    assert estimate.seconds() == pytest.approx(truth, rel=0.1)
+    # A constant rate (what a plain bar assumes) is far off while the model grows.
+    if now < GROWTH_ENDS:
+        assert elapsed / now * (TOTAL - now) < 0.7 * truth
+
+
+def test_durations_read_as_a_person_says_them():
+    assert [duration_text(s) for s in (3.2, 89, 600, 7_300)] == [
+        "3 s", "89 s", "10 min", "2 h 02 min"]
+
+
+def test_the_summary_says_what_was_trained_how_well_where_and_what_next(tmp_path):
+    report = {"iterations": 30_000, "wall_seconds": 1_176.0, "images_per_second": 25.5,
+              "num_gaussians": 1_234_567, "test": {"psnr": 27.314, "ssim": 0.8712},
+              "test_views": 9}
+    lines = summary(report, tmp_path / "run")
+    assert lines[0] == "trained on 30,000 images in 20 min (25.5 images/s): 1,234,567 Gaussians"
+    assert lines[1] == ("on its 9 test views, held out of training: PSNR 27.31 dB, "
+                        "SSIM 0.871")
+    assert f"splatscale view {tmp_path / 'run'}" in "\n".join(lines)
+    assert f"splatscale export {tmp_path / 'run'} --format spz" in "\n".join(lines)
+    assert "without --eval" in lines[-1]
+    untested = summary({**report, "test": None}, tmp_path)
+    assert not any(line.startswith("on its") or "--eval" in line for line in untested)
+
+
+def test_a_finished_run_says_its_summary_in_words(tmp_path, capsys):
+    assert main(["train", "-o", str(tmp_path / "run"), "--iterations", "20", "--eval",
+                 "--quiet", "--cache-dir", str(tmp_path / "cache")]) == 0
+    err = capsys.readouterr().err
+    assert "--eval holds 4 of the 32 views out of training" in err
+    assert "splatscale: trained on 20 images in" in err
+    assert "on its 4 test views, held out of training: PSNR" in err
+    assert "LPIPS skipped" not in err and "Error" not in err
+
+
+def test_a_cold_kernel_cache_is_told_apart_from_a_warm_one(tmp_path):
+    check = "from splatscale.render.kernel_cache import kernels_cached; print(kernels_cached())"
+    cold = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+                          timeout=HANG_GUARD)
+    assert cold.stdout.strip() == "False", cold.stderr
+    from splatscale.render import compositing_kernels  # noqa: F401 - compiled by the suite
+    from splatscale.render.kernel_cache import LARGEST
+    if all(kernel.signatures for kernel in LARGEST):  # compiled in this process: cached
+        from splatscale.render.kernel_cache import kernels_cached
+        assert kernels_cached()
+
+
+def test_train_help_comes_in_groups_and_says_every_default():
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    titles = [group.title for group in train._action_groups]
+    assert titles[2:5] == ["the run", "schedule and strategy", "the scene's images"]
+    assert any(t.startswith("distributed") for t in titles)
+    assert any(t.startswith("offloaded") for t in titles)
+    for action in train._actions:
+        takes_value = action.option_strings and action.nargs != 0
+        if takes_value and not isinstance(action, argparse._HelpAction):
+            assert "default" in action.help or action.required, action.option_strings
