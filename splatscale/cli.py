@@ -13,9 +13,15 @@ from splatscale.errors import QUIET_EXIT, interrupt, run_reported
 from splatscale.messages import speaks
 from splatscale.threads import usable_cores
 
-TRAIN_HELP = """Train a 3DGS model. --iterations counts images seen, as Grendel does:
-a batch of B views makes N/B steps, so changing B keeps the training budget
-(and every schedule: densification, opacity reset, SH degree, learning rate)."""
+TRAIN_HELP = """Train a Gaussian-splatting model of a scene (a COLMAP folder, as
+`splatscale prepare` makes, or a transforms.json scene) into OUTPUT.
+
+The defaults are the original 3DGS recipe: 30,000 images at full resolution,
+hours on a laptop. A quick look first takes minutes:
+  splatscale train SCENE -o OUTPUT --schedule-scale 0.1 --max-pixels 500K
+
+--iterations counts images: a batch of B views is one step, and every schedule
+is counted in images, so changing B keeps the training budget."""
 
 PREPARE_HELP = """Make a trainable COLMAP scene (images/, sparse/0/) of photos or a video:
 images made upright, SIFT features, matching and mapping with pycolmap, the
@@ -64,6 +70,20 @@ def _folder(text: str) -> Path:
     return Path(os.path.normpath(text))
 
 
+def _pixel_count(text: str) -> int:
+    """An argparse type: a number of pixels, as N, NK or NM (thousands, millions)."""
+    number = text.strip().upper().removesuffix("P")
+    unit = {"K": 1e3, "M": 1e6}.get(number[-1:], 1)
+    try:
+        value = float(number.rstrip("KM")) * unit
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a pixel count: {text!r} (say 500K or 1M)"
+                                         ) from None
+    if not 256 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be at least 256 pixels, got {text}")
+    return int(value)
+
+
 SIZE_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
 
 
@@ -91,8 +111,7 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _add_offload_switch(parser: argparse.ArgumentParser, name: str, on: str, off: str
-                        ) -> None:
+def _add_offload_switch(parser, name: str, on: str, off: str) -> None:
     """``--NAME`` and ``--no-NAME``, one at most: ``args.NAME`` True, False or None
     (the device's default)."""
     switch = parser.add_mutually_exclusive_group()
@@ -116,7 +135,104 @@ def _add_model_views(parser: argparse.ArgumentParser) -> None:
                         help="the run's test views (default), its training views, or all")
 
 
-def _add_serving(parser: argparse.ArgumentParser) -> None:
+def _add_train_basics(group) -> None:
+    group.add_argument("data", nargs="?", default=None,
+                       help="COLMAP folder or transforms.json scene (default: the built-in "
+                            "demo; with --resume, the run's own)")
+    group.add_argument("-o", "--output", type=_folder, required=True,
+                       help="the run's folder: its model, checkpoint, metrics and renders")
+    group.add_argument("--eval", action="store_true", default=None,
+                       help="hold every 8th image out of training, to test on (leave it off "
+                            "for the model you share)")
+    group.add_argument("--resume", action="store_true",
+                       help="continue the run in OUTPUT from its checkpoint.pt, with all "
+                            "its settings")
+    group.add_argument("--overwrite", action="store_true",
+                       help="replace the previous run in OUTPUT (its files; others stay)")
+    group.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                       help="where training renders: cpu (default; numba kernels) or cuda "
+                            "(NVIDIA GPUs, gsplat's kernels: pip install 'splatscale[cuda]', "
+                            "and CUDA's compiler for their first build)")
+    group.add_argument("--save-at", type=_integer(1), nargs="*", default=[], metavar="N",
+                       help="also write point_cloud_<N>.ply after N images (default: only "
+                            "point_cloud.ply, at the end)")
+    group.add_argument("--eval-every", type=_integer(0), default=0, metavar="N",
+                       help="with --eval, test every N images (default 0: at the end)")
+    group.add_argument("--checkpoint-every", type=_integer(0), default=1000, metavar="N",
+                       help="write checkpoint.pt every N images (default 1000)")
+    group.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_train_schedule(group) -> None:
+    group.add_argument("--iterations", type=_integer(1), default=None, metavar="N",
+                       help="images to train on (default 30000, or 30000 x S; with "
+                            "--resume, the run's own)")
+    group.add_argument("--schedule-scale", type=_positive_float, default=None, metavar="S",
+                       help="every schedule S times as long: the run, the learning rate's "
+                            "decay, densification, opacity resets, SH steps (0.1: a whole "
+                            "run in 3,000 images; default 1, the original schedule)")
+    group.add_argument("--batch-size", type=_integer(1), default=None, metavar="B",
+                       help="views per step (default 1; the learning rates follow sqrt(B))")
+    group.add_argument("--seed", type=_integer(0), default=None,
+                       help="the random seed (default 0)")
+    group.add_argument("--densify-until", type=_integer(0), default=None, metavar="N",
+                       help="images after which densification stops (default 15000; with "
+                            "--strategy mcmc, relocation and growth: 25000)")
+    group.add_argument("--strategy", choices=("3dgs", "mcmc"), default=None,
+                       help="how the Gaussians are added and removed: 3dgs, the original "
+                            "schedule (default), or mcmc, 3DGS as Markov-chain Monte Carlo "
+                            "(gsplat's MCMCStrategy: faint Gaussians relocated, 5%% growth "
+                            "to --max-gaussians, default 1000000)")
+    group.add_argument("--max-gaussians", type=_integer(1), default=None, metavar="N",
+                       help="never train more Gaussians than N (3dgs: densify the largest "
+                            "gradients first; default no limit)")
+    group.add_argument("--random-init", choices=("auto", "cameras", "cube"), default=None,
+                       help="for a scene without points, where 100,000 random points go: "
+                            "cameras (where the cameras look: an object), cube (3 scene "
+                            "scales around the cameras, gsplat's rule: a room), or auto "
+                            "(default: cameras when the images have a plain border)")
+
+
+def _add_train_ranks(group) -> None:
+    group.add_argument("--nproc", type=_integer(1, MAX_LOCAL_RANKS), default=1, metavar="N",
+                       help="train with N local ranks, each with cores/N threads, N at most "
+                            f"the cores this process may use ({MAX_LOCAL_RANKS} here; "
+                            "default 1); or start the command under torchrun")
+    group.add_argument("--comm", choices=("nccl", "gloo"), default=None,
+                       help="how ranks on GPUs talk: NCCL (the default when each rank of "
+                            "a machine has a GPU of its own) or gloo through host memory "
+                            "(the default when ranks share a GPU; always on CPUs)")
+    group.add_argument("--join-timeout", type=_positive_float, default=120.0, metavar="SECONDS",
+                       help="how long the ranks wait for each other to join (default 120)")
+    group.add_argument("--balance", choices=("cost", "uniform"), default="cost",
+                       help="how ranks share a batch's pixel rows: equal estimated cost "
+                            "(default) or equal row counts")
+    group.add_argument("--pixel-cost", type=_positive_float, default=None, metavar="A",
+                       help="fix what --balance cost equalises, A * pixels + B * tile "
+                            "intersections, at A (default 0.05 when only B is given); "
+                            "without either flag A and B are fitted to the ranks' "
+                            "measured times as the run goes")
+    group.add_argument("--intersection-cost", type=_positive_float, default=None, metavar="B",
+                       help="B, as --pixel-cost says (default 1 when only A is given)")
+
+
+def _add_train_offload(group) -> None:
+    group.add_argument("--offload", action="store_true",
+                       help="keep the Gaussians and optimiser state in host memory, the "
+                            "device holding 44 bytes per Gaussian and each step's visible "
+                            "ones; with --nproc, each rank offloads its shard")
+    _add_offload_switch(group, "forwarding",
+                        "run the host update of each step beside the device's next step "
+                        "(default on a GPU; on a CPU the two share the cores and it is off)",
+                        "run the host update after each step (the same results)")
+    _add_offload_switch(group, "lookahead",
+                        "send the rows the next batch needs and this step leaves alone "
+                        "while this step's backward pass runs (default on a GPU; on a CPU "
+                        "it costs more than it hides)",
+                        "send each step's rows when it starts (the same results)")
+
+
+def _add_serving(parser) -> None:
     parser.add_argument("--port", type=_integer(1, 65535), default=None,
                         help="the viewer's port (default 8080)")
     parser.add_argument("--host", default=None,
@@ -124,7 +240,7 @@ def _add_serving(parser: argparse.ArgumentParser) -> None:
                              "machine only; 0.0.0.0 shares it with the network)")
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def _add_common(parser) -> None:
     parser.add_argument("--threads", type=_integer(1, MAX_THREADS),
                         default=None, help="CPU threads (default: all)")
     parser.add_argument("--cache-dir", type=Path, default=None,
@@ -134,8 +250,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="divide image sizes by this (default 1; for a run's model, "
                              "the run's)")
     parser.add_argument("--max-width", type=_integer(16), default=None,
-                        help="cap the image width (pixels, at least 16; for a run's model, "
-                             "the run's cap)")
+                        help="cap the image width (pixels, at least 16; default none; for a "
+                             "run's model, the run's cap)")
+    parser.add_argument("--max-pixels", type=_pixel_count, default=None, metavar="N",
+                        help="cap each image's pixels, e.g. 500K or 1M (its aspect kept; "
+                             "default none; for a run's model, the run's cap)")
     parser.add_argument("--image-memory", type=_size, default=None, metavar="SIZE",
                         help="decoded images kept in memory, e.g. 8G or 500M, shared by "
                              "the ranks of one machine (default: a quarter of its memory); "
@@ -150,86 +269,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="splatscale", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    train = sub.add_parser("train", help="train a model", description=TRAIN_HELP)
-    train.add_argument("data", nargs="?", default=None,
-                       help="COLMAP folder or transforms.json scene (default: built-in demo)")
-    train.add_argument("-o", "--output", type=_folder, required=True,
-                       help="the run's folder: its model, checkpoint, metrics and renders")
-    train.add_argument("--eval", action="store_true", default=None,
-                       help="hold out every 8th image for test")
-    train.add_argument("--iterations", type=_integer(1), default=None,
-                       help="images to train on (default 30000; with --resume, the run's own)")
-    train.add_argument("--batch-size", type=_integer(1), default=None, help="default 1")
-    train.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                       help="where training renders: cpu (numba kernels) or cuda (one "
-                            "NVIDIA GPU, gsplat's kernels: pip install 'splatscale[cuda]', "
-                            "and CUDA's compiler for their first build)")
-    train.add_argument("--seed", type=_integer(0), default=None, help="default 0")
-    train.add_argument("--resume", action="store_true",
-                       help="continue the run in OUTPUT from its checkpoint.pt")
-    train.add_argument("--overwrite", action="store_true",
-                       help="replace the previous run in OUTPUT (its files; others stay)")
-    train.add_argument("--white-background", action="store_true", default=None)
-    train.add_argument("--save-at", type=_integer(1), nargs="*", default=[],
-                       help="also write point_cloud_<N>.ply after N images")
-    train.add_argument("--eval-every", type=_integer(0), default=0, help="test every N images")
-    train.add_argument("--checkpoint-every", type=_integer(0), default=1000,
-                       help="write checkpoint.pt every N images")
-    train.add_argument("--densify-until", type=_integer(0), default=None,
-                       help="images after which densification stops (default 15000; with "
-                            "--strategy mcmc, relocation and growth: 25000)")
-    train.add_argument("--strategy", choices=("3dgs", "mcmc"), default=None,
-                       help="how the Gaussians are added and removed: 3dgs, the original "
-                            "schedule (default), or mcmc, 3DGS as Markov-chain Monte Carlo "
-                            "(gsplat's MCMCStrategy: faint Gaussians relocated, 5%% growth "
-                            "to --max-gaussians, default 1000000)")
-    train.add_argument("--random-init", choices=("auto", "cameras", "cube"), default=None,
-                       help="for a scene without points, where 100,000 random points go: "
-                            "cameras (where the cameras look: an object), cube (3 scene "
-                            "scales around the cameras, gsplat's rule: a room), or auto "
-                            "(default: cameras when the images have a plain border)")
-    train.add_argument("--max-gaussians", type=_integer(1), default=None,
-                       help="never train more Gaussians than N (3dgs: densify the largest "
-                            "gradients first; default no limit)")
-    train.add_argument("--quiet", action="store_true", help="no progress bar")
-    train.add_argument("--nproc", type=_integer(1, MAX_LOCAL_RANKS), default=1,
-                       help="train with N local ranks (Grendel), each with cores/N threads, "
-                            f"N at most the cores this process may use ({MAX_LOCAL_RANKS} "
-                            "here); or start the command under torchrun")
-    train.add_argument("--comm", choices=("nccl", "gloo"), default=None,
-                       help="how ranks on GPUs talk: NCCL (the default when each rank of "
-                            "a machine has a GPU of its own) or gloo through host memory "
-                            "(the default when ranks share a GPU; always on CPUs)")
-    train.add_argument("--join-timeout", type=_positive_float, default=120.0,
-                       help="seconds the ranks wait for each other to join (default 120)")
-    train.add_argument("--offload", action="store_true",
-                       help="keep the Gaussians and optimiser state in host memory, the "
-                            "device holding 44 bytes per Gaussian and each step's visible "
-                            "ones (GS-Scale); with --nproc, each rank offloads its shard")
-    _add_offload_switch(train, "forwarding",
-                        "run the host update of each step beside the device's next step "
-                        "(default on a GPU; on a CPU the two share the cores and it is off)",
-                        "run the host update after each step (the same results)")
-    _add_offload_switch(train, "lookahead",
-                        "send the rows the next batch needs and this step leaves alone "
-                        "while this step's backward pass runs (default on a GPU; on a CPU "
-                        "it costs more than it hides)",
-                        "send each step's rows when it starts (the same results)")
-    train.add_argument("--balance", choices=("cost", "uniform"), default="cost",
-                       help="how ranks share a batch's pixel rows: equal estimated cost "
-                            "(default) or equal row counts")
-    train.add_argument("--pixel-cost", type=_positive_float, default=None,
-                       help="fix what --balance cost equalises, A * pixels + B * tile "
-                            "intersections, at A (default 0.05 when only B is given); "
-                            "without either flag A and B are fitted to the ranks' "
-                            "measured times as the run goes")
-    train.add_argument("--intersection-cost", type=_positive_float, default=None,
-                       help="B, as --pixel-cost says (default 1 when only A is given)")
-    train.add_argument("--viewer", action="store_true",
-                       help="watch and steer the run in a web browser: its splats, "
-                            "progress, pause, resume and checkpoint now (see --port)")
-    _add_serving(train)
-    _add_common(train)
+    train = sub.add_parser("train", help="train a model", description=TRAIN_HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_train_basics(train.add_argument_group("the run"))
+    _add_train_schedule(train.add_argument_group("schedule and strategy"))
+    data = train.add_argument_group("the scene's images")
+    data.add_argument("--white-background", action="store_true", default=None,
+                      help="render on white, not black (for a scene photographed on white; "
+                           "a transforms.json scene with transparent images says so itself)")
+    _add_common(data)
+    _add_train_ranks(train.add_argument_group(
+        "distributed (Grendel: several processes or GPUs train one model)"))
+    _add_train_offload(train.add_argument_group(
+        "offloaded (GS-Scale: the model in host memory, for a GPU too small for it)"))
+    viewer = train.add_argument_group("watching the run")
+    viewer.add_argument("--viewer", action="store_true",
+                        help="watch and steer the run in a web browser: its splats, "
+                             "progress, pause, resume and checkpoint now")
+    _add_serving(viewer)
 
     render = sub.add_parser("render", help="render a model's views to PNG")
     _add_model_views(render)

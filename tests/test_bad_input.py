@@ -292,8 +292,8 @@ def test_a_write_that_fails_names_the_file(tmp_path):
         resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
 
     out = tmp_path / "out"
-    result = run_cli("train", "-o", str(out), "--iterations", "2", "--quiet", *cache,
-                     preexec_fn=limit_file_size)
+    result = run_cli("train", "-o", str(out), "--iterations", "2", "--schedule-scale", "1",
+                     "--quiet", *cache, preexec_fn=limit_file_size)
     assert_clean_error(result.returncode, result.stderr, str(out / "checkpoint.pt"),
                        "File too large")
     assert not (out / "point_cloud.ply").exists(), "no model without its checkpoint"

@@ -106,7 +106,7 @@ def test_a_signal_to_the_launcher_reaches_every_rank(signum, two_rank_run, tmp_p
     lines = err.strip().splitlines()
     assert "Traceback" not in err and len(lines) == 2, err
     assert "finishing this step to save a checkpoint" in lines[0]
-    assert "checkpoint.pt saved, --resume continues" in lines[1]
+    assert "checkpoint.pt is saved, and splatscale train -o" in lines[1]
     resumes(out, two_rank_run / "cache")
 
 
@@ -125,7 +125,7 @@ def test_a_signal_while_ranks_start_stops_them_quietly(delay, two_rank_run, tmp_
     lines = err.strip().splitlines()
     assert lines == ["splatscale: interrupted"] or (
         len(lines) == 2 and "finishing this step" in lines[0]
-        and "saved, --resume continues" in lines[1]), err
+        and "--resume continues the run" in lines[1]), err
 
 
 def test_ranks_whose_launcher_dies_stop_with_a_checkpoint(two_rank_run, tmp_path):

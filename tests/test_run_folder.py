@@ -104,12 +104,12 @@ def test_export_never_writes_over_its_input(tmp_path, capsys):
     model = tmp_path / "model.ply"
     write_ply(random_model(10, dtype=torch.float32), model)
     before = model.read_bytes()
-    assert main(["export", str(model), "--format", "ply"]) == 0
-    assert model.read_bytes() == before
-    assert len(read_ply(tmp_path / "model.exported.ply")) == 10
+    assert main(["export", str(model), "--format", "ply"]) == 2
+    assert "is a PLY in that layout already" in capsys.readouterr().err
     assert main(["export", str(model), "--format", "ply", "-o", str(model)]) == 2
     assert "is the input model" in capsys.readouterr().err
     assert model.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ply"]
 
 
 def test_nan_guard_keeps_the_last_good_checkpoint(tmp_path, cache):
@@ -147,7 +147,7 @@ def test_ctrl_c_saves_a_checkpoint_that_resumes(tmp_path, cache):
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=HANG_GUARD)
     assert process.returncode == 130, err
-    assert "Traceback" not in err and "checkpoint.pt saved, --resume continues" in err
+    assert "Traceback" not in err and "checkpoint.pt is saved, and splatscale train -o" in err
     saved = torch.load(out / "checkpoint.pt", weights_only=False)["trainer"]["images_seen"]
     assert saved >= 10
     assert train(out, cache, "--resume", "--iterations", str(saved + 4)) == 0
