@@ -6,6 +6,7 @@ import json
 import math
 from argparse import Namespace
 from contextlib import ExitStack
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, NamedTuple
@@ -33,12 +34,14 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.model.ply import read_extras, read_ply, write_ply, write_splat
 from splatscale.model.spz import write_spz
 from splatscale.render import cuda_backend, render as render_view
+from splatscale.render.kernel_cache import kernels_cached
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
 from splatscale.train.metrics import ImageMetrics
 from splatscale.train.render_folder import RenderFolder, render_names
 from splatscale.train.run_folder import RunFolder
 from splatscale.train.run_record import RunRecord, model_of, run_record
+from splatscale.train.summary import summary
 from splatscale.train.trainer import EngineFactory, RunOptions, Trainer
 from splatscale.train.watch import Bystander, Watcher
 
@@ -63,7 +66,7 @@ def _store(args: Namespace, scene, white_background: bool = False,
     machine = default_budget() if args.image_memory is None else args.image_memory
     budget = machine // local_ranks
     store = ImageStore(scene, args.resolution or 1, args.max_width, args.cache_dir, background,
-                       memory_budget=budget, decode_share=local)
+                       memory_budget=budget, decode_share=local, max_pixels=args.max_pixels)
     decoded = store.decoded_bytes()
     if decoded > budget:
         share = (f", {_size_text(budget)} for each of {local_ranks} ranks"
@@ -122,12 +125,19 @@ def _check_device(args: Namespace, ranks: group.Ranks | None) -> None:
 RUN_FLAGS = {"batch_size": "--batch-size", "seed": "--seed",
              "white_background": "--white-background", "densify_until": "--densify-until",
              "strategy": "--strategy", "max_gaussians": "--max-gaussians",
-             "random_init": "--random-init"}
+             "random_init": "--random-init", "schedule_scale": "--schedule-scale"}
+# Settings counted in images that, given, hold as given whatever --schedule-scale says.
+SCHEDULE_FLAGS = ("iterations", "densify_until")
 
 
 def _new_config(args: Namespace) -> TrainConfig:
     given = {name: getattr(args, name) for name in ("iterations", *RUN_FLAGS)}
-    return TrainConfig(**{name: value for name, value in given.items() if value is not None})
+    given = {name: value for name, value in given.items() if value is not None}
+    config = TrainConfig(**{name: value for name, value in given.items()
+                            if name not in SCHEDULE_FLAGS + ("schedule_scale",)})
+    if args.schedule_scale is not None:
+        config = config.scaled(args.schedule_scale)
+    return replace(config, **{name: given[name] for name in SCHEDULE_FLAGS if name in given})
 
 
 def _resumed_config(args: Namespace, saved: dict, checkpoint: Path) -> TrainConfig:
@@ -149,7 +159,8 @@ def _resumed_config(args: Namespace, saved: dict, checkpoint: Path) -> TrainConf
 
 
 # How a run read its scene, as flags: on --resume the run's own values hold.
-SCENE_FLAGS = {"resolution": "--resolution", "max_width": "--max-width", "eval": "--eval"}
+SCENE_FLAGS = {"resolution": "--resolution", "max_width": "--max-width",
+               "max_pixels": "--max-pixels", "eval": "--eval"}
 
 
 def _resumed_scene(args: Namespace, record: RunRecord | None) -> None:
@@ -179,6 +190,22 @@ def _flag_text(flag: str, value) -> str:
     if isinstance(value, bool):
         return flag if value else f"no {flag}"
     return f"{flag} {value}"
+
+
+def _tell_held_out(scene: Scene) -> None:
+    train_ids, test_ids = scene.split(True)
+    notice(f"--eval holds {len(test_ids)} of the {len(scene.views)} views out of training "
+           "(every 8th), to test on")
+
+
+def _tell_short_schedule(config: TrainConfig) -> None:
+    """A run shorter than its schedule stops inside it: said, with the scale that
+    would fit the whole schedule into it (unless a scale was chosen)."""
+    if config.iterations < config.position_lr_max_steps:
+        fit = config.iterations / TrainConfig().iterations
+        notice(f"the run stops after {config.iterations:,} images, inside the 3DGS "
+               f"schedule of {config.position_lr_max_steps:,} (its learning rate still "
+               f"high); --schedule-scale {fit:.3g} fits the whole schedule into it")
 
 
 def _check_flags_act(args: Namespace, config: TrainConfig, scene: Scene,
@@ -248,13 +275,16 @@ def _checked_inputs(args: Namespace, ranks: group.Ranks | None = None) -> Inputs
     saved = load_trainer_state(folder.checkpoint) if args.resume else None
     if saved is None:
         config, images_seen = _new_config(args), 0
-        args.resolution, args.eval = args.resolution or 1, bool(args.eval)
+        if args.schedule_scale is None:
+            _tell_short_schedule(config)
     else:
         _resumed_scene(args, run_record(folder.path))
         config = _resumed_config(args, saved, folder.checkpoint)
         images_seen = saved["images_seen"]
-        args.resolution, args.eval = args.resolution or 1, bool(args.eval)
+    args.resolution, args.eval = args.resolution or 1, bool(args.eval)
     scene = _scene(args)
+    if args.eval and saved is None:
+        _tell_held_out(scene)
     _check_flags_act(args, config, scene, images_seen)
     local = (ranks.local_rank, ranks.local_world) if ranks else (0, 1)
     return Inputs(folder, config, scene, _store(args, scene, config.white_background, local))
@@ -293,8 +323,12 @@ def _train(args: Namespace, ranks: group.Ranks | None, holds_lock: bool = False)
         if writes:
             RunFolder(args.output).begin(trainer.images_seen if args.resume else None)
             write_json(args.output / "config.json", record)
+        if args.device == "cpu" and not kernels_cached():
+            notice("compiling the CPU kernels (once: about a minute; later runs reuse them)")
         report = trainer.run(watcher)
     if writes:
+        for line in summary(report, args.output):
+            notice(line)
         print(json.dumps(report))
 
 
@@ -317,6 +351,7 @@ def _prepared(args: Namespace, ranks: group.Ranks | None, where: Placement | Non
               "data": None if demo else str(inputs.scene.source.resolve()),
               "eval": args.eval,
               "resolution": args.resolution, "max_width": args.max_width,
+              "max_pixels": args.max_pixels,
               "world_size": ranks.world if ranks else 1}
     return trainer, record
 
@@ -379,6 +414,7 @@ def _read_as_run(args: Namespace, record: RunRecord | None) -> None:
         args.data = record.data
     args.resolution = args.resolution or record.resolution
     args.max_width = args.max_width or record.max_width
+    args.max_pixels = args.max_pixels or record.max_pixels
 
 
 def _split_ids(scene: Scene, split: str, record: RunRecord | None) -> list[int]:
@@ -411,7 +447,8 @@ def _views(args: Namespace) -> Views:
     store = _store(args, scene, record is not None and record.white_background)
     about = {"model": str(model_file.resolve()), "split": args.split,
              "data": None if args.data is None else str(Path(args.data).resolve()),
-             "resolution": args.resolution or 1, "max_width": args.max_width}
+             "resolution": args.resolution or 1, "max_width": args.max_width,
+             "max_pixels": args.max_pixels}
     return Views(model, store, ids, about)
 
 
@@ -455,9 +492,9 @@ def export(args: Namespace) -> None:
     extras = read_extras(source)
     output = args.output or source.with_suffix(f".{args.format}")
     if output.resolve() == source.resolve():
-        if args.output is not None:
-            raise SplatscaleError(f"-o {output}: is the input model; choose another file")
-        output = source.with_name(f"{source.stem}.exported.ply")
+        raise SplatscaleError(f"-o {output}: is the input model; choose another file"
+                              if args.output is not None else
+                              f"--format ply: {source} is a PLY in that layout already")
     if args.format == "ply":
         write_ply(model, output, extras)
     else:
