@@ -2,12 +2,15 @@
 
 ``locked_folder`` makes the folder (and its missing parents) and holds the lock
 while a command checks its inputs and writes; it takes over the lock of a process
-that has ended. Folders it made are removed again if the command left nothing in
-them (it was refused), so a refused command leaves the disk as it found it.
+that has ended. Two processes taking over one lock at once cannot both hold it: the
+lock is an ``flock`` on the file, and the file names its holder for the message.
+Folders it made are removed again if the command left nothing in them (it was
+refused), so a refused command leaves the disk as it found it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 from contextlib import contextmanager
@@ -47,28 +50,54 @@ def _make_folders(path: Path) -> list[Path]:
 
 @contextmanager
 def _locked(folder: Path) -> Iterator[None]:
+    """Hold the folder's lock file: an exclusive ``flock`` on it (which the kernel
+    releases when its holder ends, however it ends), naming this process inside. A
+    file naming a process that is still alive, or one on another host, is another
+    writer's even without its flock (a run of an earlier version)."""
     path = folder / LOCK_NAME
-    taken_over = False
-    while True:
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
-            break
-        except FileExistsError:
-            owner = _lock_owner(path)
-            if taken_over or owner is None or _alive(*owner):
-                holder = f"process {owner[0]} on {owner[1]}" if owner else "another run"
-                raise SplatscaleError(
-                    f"{folder}: {holder} is writing here (lock {path}; delete it "
-                    "if that run is gone)") from None
-            notice(f"{path}: taking over the lock of process {owner[0]}, which has ended")
-            path.unlink(missing_ok=True)
-            taken_over = True
-    with os.fdopen(fd, "w") as handle:
-        handle.write(f"{os.getpid()} {socket.gethostname()}\n")
+    fd = _flocked(path)
     try:
-        yield
+        owner = _lock_owner(path)
+        if owner is not None:
+            if _alive(*owner):
+                raise SplatscaleError(_held_by(folder, owner))
+            notice(f"{path}: taking over the lock of process {owner[0]}, which has ended")
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)  # while flocked: no one takes it meanwhile
     finally:
-        path.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _flocked(path: Path) -> int:
+    """An open descriptor of the lock file at ``path``, flocked by this process. A
+    holder that removes the file as this one opens it leaves a file no one else will
+    open: the lock is then taken on the file now at ``path``."""
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SplatscaleError(_held_by(path.parent, _lock_owner(path))) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            if os.fstat(fd).st_ino == os.stat(path).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _held_by(folder: Path, owner: tuple[int, str] | None) -> str:
+    holder = f"process {owner[0]} on {owner[1]}" if owner else "another run"
+    return (f"{folder}: {holder} is writing here (lock {folder / LOCK_NAME}; delete it if "
+            "that run is gone)")
 
 
 def _lock_owner(path: Path) -> tuple[int, str] | None:
