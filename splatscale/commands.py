@@ -28,6 +28,7 @@ from splatscale.engine.offload import offload_engine
 from splatscale.engine.offload.sharded import offloaded_shard_engine
 from splatscale import launch
 from splatscale.errors import SplatscaleError
+from splatscale.folder_lock import locked_folder
 from splatscale.messages import held, muted, notice
 from splatscale.threads import use_threads
 from splatscale.model.gaussians import GaussianModel
@@ -38,7 +39,7 @@ from splatscale.render.kernel_cache import kernels_cached
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
 from splatscale.train.metrics import ImageMetrics
-from splatscale.train.render_folder import RenderFolder, render_names
+from splatscale.train.render_folder import RenderFolder, check_distinct, render_names
 from splatscale.train.run_folder import RunFolder
 from splatscale.train.run_record import RunRecord, model_of, run_record
 from splatscale.train.summary import summary
@@ -469,10 +470,13 @@ def render(args: Namespace) -> None:
     folder = RenderFolder(args.output or model_file.parent / "renders" / args.split)
     names = dict(zip(views.ids, render_names([views.store.camera(i).name
                                               for i in views.ids])))
-    folder.check(list(names.values()))
-    folder.begin(list(names.values()), views.about)
-    for i, rgb in _rendered(views):
-        folder.write(names[i], (rgb * 255).round().to(torch.uint8).numpy())
+    check_distinct(list(names.values()))
+    folder.check(list(names.values()))  # before the lock makes the folder
+    with locked_folder(folder.path):
+        folder.check(list(names.values()))
+        folder.begin(list(names.values()), views.about)
+        for i, rgb in _rendered(views):
+            folder.write(names[i], (rgb * 255).round().to(torch.uint8).numpy())
     print(f"{len(names)} renders in {folder.path}")
 
 

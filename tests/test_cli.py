@@ -22,7 +22,7 @@ def test_train_render_eval_export(tmp_path, capsys):
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert lines[0]["step"] == 10 and "test" in lines[-1]
     renders = sorted(p.name for p in (out / "renders" / "test").glob("*.png"))
-    assert renders == [f"view_{i:03d}{kind}.png" for i in (0, 8, 16, 24)  # every 8th of 32
+    assert renders == [f"view_{i:03d}.png{kind}.png" for i in (0, 8, 16, 24)  # every 8th
                        for kind in (".photo", "")]
     assert len(read_ply(out / "point_cloud.ply")) == report["num_gaussians"]
     assert (out / "point_cloud_20.ply").is_file() and (out / "checkpoint.pt").is_file()

@@ -13,7 +13,8 @@ from PIL import Image
 
 from splatscale.cli import main
 from splatscale.model.ply import write_ply
-from splatscale.train.render_folder import render_names
+from splatscale.errors import DataError
+from splatscale.train.render_folder import check_distinct, photo_name, render_names
 from tests.conftest import random_model
 from tests.test_bad_input import assert_clean_error
 from tests.test_refused_runs import snapshot
@@ -50,7 +51,7 @@ def test_views_of_two_cameras_with_one_file_name_keep_apart(scene, tmp_path, cap
     assert render(model, root, tmp_path / "out", tmp_path) == 0
     assert capsys.readouterr().out.startswith("4 renders in ")
     pngs = sorted(str(p.relative_to(tmp_path / "out")) for p in (tmp_path / "out").rglob("*.png"))
-    assert pngs == sorted(IMAGES)
+    assert pngs == sorted(f"{name}.png" for name in IMAGES)
 
 
 def test_a_folder_of_the_users_files_is_never_written(scene, tmp_path, capsys):
@@ -70,9 +71,9 @@ def test_renders_replace_their_own_files_alone(scene, tmp_path, capsys):
     assert render(model, root, out, tmp_path) == 0  # its own renders, written again
     assert (out / "notes.txt").read_text() == "the user's own"
     listed = json.loads((out / "renders.json").read_text())["files"]
-    assert sorted(listed) == sorted(IMAGES)
+    assert sorted(listed) == sorted(f"{name}.png" for name in IMAGES)
 
-    (out / "cam0" / "f0.png").unlink()
+    (out / listed[0]).unlink()
     (out / "renders.json").write_text(json.dumps({"files": listed[1:]}))  # not ours now
     (out / listed[0]).write_bytes(b"the user's file")
     before = snapshot(out)
@@ -81,8 +82,36 @@ def test_renders_replace_their_own_files_alone(scene, tmp_path, capsys):
     assert snapshot(out) == before
 
 
-def test_render_names_are_unique_and_stay_inside_the_folder():
-    assert render_names(["a.jpg", "b.jpg"]) == ["a.png", "b.png"]
-    assert render_names(["a.jpg", "a.tif", "b.jpg"]) == ["a.jpg.png", "a.tif.png", "b.png"]
-    assert render_names(["../x/f.png", "./y/f.png", "/abs/f.png"]) == [
-        "__/x/f.png", "y/f.png", "abs/f.png"]
+def test_renders_never_write_through_a_link(scene, tmp_path, capsys):
+    root, model = scene
+    out = tmp_path / "out"
+    assert render(model, root, out, tmp_path) == 0
+    victim = tmp_path / "victim.png"
+    victim.write_bytes(b"the user's own")
+    (out / "cam0" / "f0.png.png").unlink()
+    (out / "cam0" / "f0.png.png").symlink_to(victim)
+    assert render(model, root, out, tmp_path) == 2
+    assert_clean_error(2, capsys.readouterr().err, "cam0/f0.png.png", "no render wrote it")
+    assert victim.read_bytes() == b"the user's own"
+
+
+def test_a_list_of_renders_naming_files_outside_its_folder_is_refused(scene, tmp_path,
+                                                                     capsys):
+    root, model = scene
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "renders.json").write_text(json.dumps({"files": ["../victim.png"]}))
+    assert render(model, root, out, tmp_path) == 2
+    assert_clean_error(2, capsys.readouterr().err, "renders.json", "inside its folder")
+
+
+def test_render_names_are_distinct_and_stay_inside_the_folder():
+    names = ["x.jpg", "x.png", "x.jpg.png", "../a.jpg", "__/a.jpg", "%2E%2E/a.jpg",
+             "/abs/f.png", "abs/f.png"]
+    files = render_names(names)
+    assert files[:3] == ["x.jpg.png", "x.png.png", "x.jpg.png.png"]
+    assert len(set(files + [photo_name(f) for f in files])) == 2 * len(names)
+    assert not any(part in ("..", "") for f in files for part in f.split("/"))
+    assert not any(f.startswith("/") for f in files)
+    with pytest.raises(DataError, match="one image in two ways"):
+        check_distinct(render_names(["a/b.jpg", "a//b.jpg"]))

@@ -16,6 +16,8 @@ import torch
 from splatscale.cli import main
 from splatscale.model.ply import read_ply, write_ply
 from splatscale.folder_lock import LOCK_NAME
+from tests.test_bad_input import assert_clean_error
+from tests.test_refused_runs import snapshot
 from tests.conftest import HANG_GUARD, random_model, wait_until
 
 
@@ -47,6 +49,40 @@ def test_a_new_run_never_replaces_a_previous_one_unasked(tmp_path, cache, capsys
     assert [m["images"] for m in metrics(out)] == [10], "no line of the earlier run is left"
     assert json.loads((out / "report.json").read_text())["iterations"] == 10
     assert (out / "notes.txt").read_text() == "mine", "files not of a run stay"
+
+
+def test_overwrite_removes_the_runs_own_files_alone(tmp_path, cache, capsys):
+    out = tmp_path / "run"
+    assert train(out, cache, "--iterations", "20", "--eval", "--save-at", "10") == 0
+    users = {"point_cloud_best.ply": "mine", "checkpoint.pt.mybackup.rank0": "mine",
+             "renders/test/notes.txt": "mine", "renders/mine/a.png": "mine"}
+    for name, text in users.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    assert train(out, cache, "--iterations", "10", "--overwrite") == 0
+    for name, text in users.items():
+        assert (out / name).read_text() == text, name
+    assert not (out / "point_cloud_10.ply").exists(), "the run's own model is removed"
+    assert sorted(p.name for p in (out / "renders" / "test").iterdir()) == ["notes.txt"]
+
+    only_the_users = tmp_path / "theirs"
+    only_the_users.mkdir()
+    (only_the_users / "point_cloud_v2.ply").write_text("mine")
+    assert train(only_the_users, cache, "--iterations", "10") == 0
+
+
+def test_a_link_where_the_run_writes_is_refused_before_anything_goes(tmp_path, cache,
+                                                                      capsys):
+    out = tmp_path / "run"
+    assert train(out, cache, "--iterations", "20", "--eval") == 0
+    elsewhere = tmp_path / "elsewhere"
+    (out / "renders").rename(elsewhere)
+    (out / "renders").symlink_to(elsewhere)
+    before = snapshot(out)
+    capsys.readouterr()
+    assert train(out, cache, "--iterations", "10", "--overwrite") == 2
+    assert_clean_error(2, capsys.readouterr().err, str(out / "renders"), "a link")
+    assert snapshot(out) == before and (elsewhere / "test" / "renders.json").is_file()
 
 
 def test_one_run_at_a_time(tmp_path, cache, capsys):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -52,9 +53,21 @@ def save_checkpoint(path: Path, trainer_state: dict, engine_state: EngineState,
         _save({"format": FORMAT, "trainer": trainer_state, "engine": engine_state,
                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                        "python": random.getstate()}}, path)
-        for stale in set(path.parent.glob(f"{path.name}.*.rank*")) - {
-                path.parent / name for name in engine_state.get("shards", [])}:
-            stale.unlink(missing_ok=True)
+        kept = set(engine_state.get("shards", []))
+        for stale in path.parent.iterdir():
+            if stale.name not in kept and is_shard_of(path, stale.name):
+                stale.unlink(missing_ok=True)
+
+
+# A shard's name after its checkpoint's: the images seen and the rank, as _save_shard
+# writes it (a user's checkpoint.pt.backup is not one).
+SHARD_SUFFIX = re.compile(r"\.\d{9}\.rank\d+-of-\d+")
+
+
+def is_shard_of(checkpoint: Path, name: str) -> bool:
+    """Whether the file ``name`` is a shard that ``checkpoint``'s writer wrote."""
+    return (name.startswith(checkpoint.name)
+            and bool(SHARD_SUFFIX.fullmatch(name[len(checkpoint.name):])))
 
 
 def _save_shard(path: Path, state: EngineState, rank: int, world: int, images: int) -> dict:

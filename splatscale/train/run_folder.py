@@ -11,21 +11,24 @@ no step is logged twice.
 from __future__ import annotations
 
 import json
+import os
 import re
-import shutil
-from fnmatch import fnmatch
 from pathlib import Path
 
 from splatscale.atomic import atomic_path
 from splatscale.errors import SplatscaleError
 from splatscale.folder_lock import locked_folder
+from splatscale.train.checkpoint import is_shard_of
+from splatscale.train.render_folder import RenderFolder
 
 CHECKPOINT = "checkpoint.pt"
 METRICS = "metrics.jsonl"
 # What a training run writes; their presence marks a folder as holding a run.
 RUN_FILES = ("config.json", METRICS, CHECKPOINT, "point_cloud.ply", "report.json")
-RUN_GLOBS = ("point_cloud_*.ply", CHECKPOINT + ".*.rank*")  # the models saved on the way, shards
-RUN_FOLDERS = ("renders",)
+# The models saved on the way (--save-at), exactly as named: a user's
+# point_cloud_best.ply is not the run's.
+SAVED_MODEL = re.compile(r"point_cloud_\d+\.ply")
+RENDERS = "renders"  # its folders of renders hold what their renders.json lists
 TEMPORARY = re.compile(r"\.(?P<name>.+)\.[a-z0-9_]{8}\.tmp")  # tempfile.mkstemp's names
 
 
@@ -42,16 +45,35 @@ class RunFolder:
         return self.path / METRICS
 
     def previous_run(self) -> list[str]:
-        """The names of an earlier run's files in the folder."""
+        """The names of an earlier run's files in the folder (``renders`` for its
+        renders)."""
         if not self.path.is_dir():
             return []
-        names = [name for name in RUN_FILES + RUN_FOLDERS if (self.path / name).exists()]
-        return names + sorted(p.name for g in RUN_GLOBS for p in self.path.glob(g))
+        names = [name for name in RUN_FILES if os.path.lexists(self.path / name)]
+        if self._render_folders():
+            names.append(RENDERS)
+        return names + sorted(p.name for p in self.path.iterdir() if self._run_named(p.name))
+
+    def _run_named(self, name: str) -> bool:
+        """Whether ``name`` is one the run gives a model on the way, or a shard."""
+        return bool(SAVED_MODEL.fullmatch(name)) or is_shard_of(self.checkpoint, name)
+
+    def _render_folders(self) -> list[RenderFolder]:
+        """The folders of renders under ``renders/`` (each with its renders.json)."""
+        renders = self.path / RENDERS
+        if not renders.is_dir() or renders.is_symlink():
+            return []
+        return [RenderFolder(p) for p in sorted(renders.iterdir())
+                if p.is_dir() and not p.is_symlink() and RenderFolder(p).manifest.is_file()]
 
     def check(self, resume: bool, overwrite: bool) -> None:
         """Refuse, before anything is written, what would damage the folder's contents."""
         if resume and overwrite:
             raise SplatscaleError("--resume and --overwrite: choose one")
+        linked = [name for name in (*RUN_FILES, RENDERS) if (self.path / name).is_symlink()]
+        if linked:
+            raise SplatscaleError(f"{self.path / linked[0]}: a link, where the run writes its "
+                                  "own; remove it or choose another folder")
         previous = self.previous_run()
         if resume and not self.checkpoint.is_file():
             if previous:
@@ -93,18 +115,18 @@ class RunFolder:
         """Whether a run writes ``path``: one of its files, or a render of its own."""
         relative = path.relative_to(self.path)
         if len(relative.parts) == 1:
-            return (relative.name in RUN_FILES
-                    or any(fnmatch(relative.name, glob) for glob in RUN_GLOBS))
-        return relative.parts[0] in RUN_FOLDERS and relative.suffix == ".png"
+            return relative.name in RUN_FILES or self._run_named(relative.name)
+        return relative.parts[0] == RENDERS and relative.suffix in (".png", ".json")
 
     def clear_previous_run(self) -> None:
-        """Remove an earlier run's files (``--overwrite``); other files stay."""
+        """Remove an earlier run's files (``--overwrite``): its own files, and the renders
+        its folders of renders list; other files stay, and the folders holding them."""
         for name in self.previous_run():
-            target = self.path / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            else:
-                target.unlink()
+            if name != RENDERS:
+                (self.path / name).unlink()
+        for folder in self._render_folders():
+            folder.clear()
+        _remove_empty_folders(self.path / RENDERS)
 
     def truncate_metrics(self, images_seen: int) -> None:
         """Drop the log lines written after the checkpoint being resumed."""
@@ -120,3 +142,15 @@ class RunFolder:
         with atomic_path(self.metrics) as tmp:
             tmp.write_text("".join(line + "\n" for line in kept))
 
+
+
+def _remove_empty_folders(top: Path) -> None:
+    """``top`` and the folders below it that hold nothing, deepest first."""
+    if not top.is_dir() or top.is_symlink():
+        return
+    for folder in sorted((p for p in top.rglob("*") if p.is_dir() and not p.is_symlink()),
+                         key=lambda p: len(p.parts), reverse=True) + [top]:
+        try:
+            folder.rmdir()
+        except OSError:  # it holds a file that is not the run's
+            pass

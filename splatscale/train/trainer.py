@@ -34,7 +34,8 @@ from splatscale.train import metrics
 from splatscale.train.checkpoint import load_checkpoint, save_checkpoint
 from splatscale.train.config import TrainConfig
 from splatscale.train.progress import ProgressBar
-from splatscale.train.render_folder import RenderFolder, photo_name, render_names
+from splatscale.train.render_folder import (RenderFolder, check_distinct, photo_name,
+                                            render_names)
 from splatscale.train.schedule import crosses, position_lr
 from splatscale.train.strategy import Strategy, make_strategy
 from splatscale.train.watch import Watcher
@@ -275,8 +276,9 @@ class Trainer:
         names = render_names([self.store.camera(i).name for i in ids])
         folder = RenderFolder(render_dir) if render_dir is not None else None
         if folder is not None:
-            self._write(folder.begin, names + [photo_name(n) for n in names],
-                        {"split": "test", "images": self.images_seen})
+            files = names + [photo_name(n) for n in names]
+            check_distinct(files)
+            self._write(folder.begin, files, {"split": "test", "images": self.images_seen})
         for i, name in zip(ids, names):
             out = self.engine.render(self.store.camera(i))
             image = out.rgb.clamp(0, 1).cpu()
