@@ -12,6 +12,7 @@ from splatscale import launch, native
 from splatscale.errors import QUIET_EXIT, interrupt, run_reported
 from splatscale.messages import speaks
 from splatscale.threads import usable_cores
+from splatscale.train.config import MAX_COUNT, MAX_SEED
 
 TRAIN_HELP = """Train a Gaussian-splatting model of a scene (a COLMAP folder, as
 `splatscale prepare` makes, or a transforms.json scene) into OUTPUT.
@@ -47,15 +48,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"splatscale: error: {message} (see --help)\n" if speaks() else None)
 
 
-def _integer(low: int, high: int | None = None):
+def _integer(low: int, high: int = MAX_COUNT):
     """An argparse type: an integer in [low, high]."""
     def parse(text: str) -> int:
         try:
             value = int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < low or (high is not None and value > high):
-            bounds = f"at least {low}" if high is None else f"between {low} and {high}"
+        if not low <= value <= high:
+            bounds = (f"between {low} and {high}" if high < MAX_COUNT
+                      else f"at least {low}" if value < low else f"at most {high:,}")
             raise argparse.ArgumentTypeError(f"must be {bounds}, got {value}")
         return value
     return parse
@@ -65,9 +67,7 @@ def _folder(text: str) -> Path:
     """An argparse type: a path with ``a/../b`` read as ``b``, so that a run makes only
     the folders it names (and removes them again if it is refused). An empty path is
     refused: it would name the current folder without saying so."""
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an empty path (say . for this folder)")
-    return Path(os.path.normpath(text))
+    return Path(os.path.normpath(_nonempty(text)))
 
 
 def _pixel_count(text: str) -> int:
@@ -82,6 +82,14 @@ def _pixel_count(text: str) -> int:
     if not 256 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"must be at least 256 pixels, got {text}")
     return int(value)
+
+
+def _nonempty(text: str) -> str:
+    """An argparse type: a path that is not empty (which would name this folder
+    without saying so)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (say . for this folder)")
+    return text
 
 
 SIZE_UNITS = {"": 1, "K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}
@@ -127,7 +135,7 @@ MODEL_HELP = "a run folder (its point_cloud.ply), or a PLY model"
 def _add_model_views(parser: argparse.ArgumentParser) -> None:
     """A model, and the views of its scene to render it at."""
     parser.add_argument("model", type=Path, help=MODEL_HELP)
-    parser.add_argument("--data", default=None,
+    parser.add_argument("--data", default=None, type=_nonempty,
                         help="the scene (default: the run's, read as it trained: its "
                              "resolution, background and test views); needed for a PLY "
                              "outside a run folder")
@@ -136,7 +144,7 @@ def _add_model_views(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_train_basics(group) -> None:
-    group.add_argument("data", nargs="?", default=None,
+    group.add_argument("data", nargs="?", default=None, type=_nonempty,
                        help="COLMAP folder or transforms.json scene (default: the built-in "
                             "demo; with --resume, the run's own)")
     group.add_argument("-o", "--output", type=_folder, required=True,
@@ -173,7 +181,7 @@ def _add_train_schedule(group) -> None:
                             "run in 3,000 images; default 1, the original schedule)")
     group.add_argument("--batch-size", type=_integer(1), default=None, metavar="B",
                        help="views per step (default 1; the learning rates follow sqrt(B))")
-    group.add_argument("--seed", type=_integer(0), default=None,
+    group.add_argument("--seed", type=_integer(0, MAX_SEED), default=None,
                        help="the random seed (default 0)")
     group.add_argument("--densify-until", type=_integer(0), default=None, metavar="N",
                        help="images after which densification stops (default 15000; with "
@@ -202,9 +210,9 @@ def _add_train_ranks(group) -> None:
                        help="how ranks on GPUs talk: NCCL (the default when each rank of "
                             "a machine has a GPU of its own) or gloo through host memory "
                             "(the default when ranks share a GPU; always on CPUs)")
-    group.add_argument("--join-timeout", type=_positive_float, default=120.0, metavar="SECONDS",
+    group.add_argument("--join-timeout", type=_positive_float, default=None, metavar="SECONDS",
                        help="how long the ranks wait for each other to join (default 120)")
-    group.add_argument("--balance", choices=("cost", "uniform"), default="cost",
+    group.add_argument("--balance", choices=("cost", "uniform"), default=None,
                        help="how ranks share a batch's pixel rows: equal estimated cost "
                             "(default) or equal row counts")
     group.add_argument("--pixel-cost", type=_positive_float, default=None, metavar="A",
@@ -243,7 +251,7 @@ def _add_serving(parser) -> None:
 def _add_common(parser) -> None:
     parser.add_argument("--threads", type=_integer(1, MAX_THREADS),
                         default=None, help="CPU threads (default: all)")
-    parser.add_argument("--cache-dir", type=Path, default=None,
+    parser.add_argument("--cache-dir", type=_folder, default=None,
                         help="where undistorted/downscaled images are cached "
                              "(default: ~/.cache/splatscale)")
     parser.add_argument("--resolution", type=int, default=None, choices=(1, 2, 4, 8),
@@ -331,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
                           description=VIEW_HELP)
     view.add_argument("model", type=Path, help="a PLY model, or a run folder (its "
                       "point_cloud.ply, with its scene's cameras and photos)")
-    view.add_argument("--data", default=None,
+    view.add_argument("--data", default=None, type=_nonempty,
                       help="the scene whose cameras and photos to show (default: a run "
                            "folder's own; none for a PLY)")
     _add_serving(view)
@@ -342,9 +350,11 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", choices=("ply", "splat", "spz"), required=True,
                         help="ply (INRIA's layout), splat (antimatter15's) or spz (Niantic's "
                              "compressed format, a quarter of the PLY or less)")
-    export.add_argument("-o", "--output", type=Path, default=None,
-                        help="the file to write (default: beside the model, with the "
-                             "format's suffix)")
+    export.add_argument("-o", "--output", type=_folder, default=None,
+                        help="the file to write, named with the format's suffix (default: "
+                             "beside the model)")
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace the file to write if it exists (default: refuse)")
     return parser
 
 

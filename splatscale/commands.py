@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from argparse import Namespace
 from contextlib import ExitStack
 from dataclasses import replace
@@ -106,6 +107,12 @@ def _check_device(args: Namespace, ranks: group.Ranks | None) -> None:
     if args.comm is not None and not several:
         raise SplatscaleError(f"--comm {args.comm}: chooses how several ranks talk "
                               "(--nproc N, or torchrun); drop it to train alone")
+    for flag, value in (("--join-timeout", args.join_timeout), ("--balance", args.balance),
+                        ("--pixel-cost", args.pixel_cost),
+                        ("--intersection-cost", args.intersection_cost)):
+        if value is not None and not several:
+            raise SplatscaleError(f"{flag}: only with several ranks (--nproc N, or "
+                                  "torchrun); drop it to train alone")
     if args.device == "cpu":
         if several:
             chosen_backend("cpu", False, args.comm)
@@ -121,6 +128,8 @@ def _check_device(args: Namespace, ranks: group.Ranks | None) -> None:
                        args.comm)
     cuda_backend.load_kernels()
 
+
+JOIN_TIMEOUT = 120.0  # seconds the ranks wait for each other to join, unless told
 
 # Flags that are settings of the run: on --resume the checkpoint's values hold.
 RUN_FLAGS = {"batch_size": "--batch-size", "seed": "--seed",
@@ -147,8 +156,8 @@ def _resumed_config(args: Namespace, saved: dict, checkpoint: Path) -> TrainConf
     for name, flag in RUN_FLAGS.items():
         value = getattr(args, name)
         if value is not None and value != getattr(config, name):
-            notice(f"{flag} {value} ignored: the resumed run keeps "
-                   f"{getattr(config, name)} from its checkpoint")
+            notice(f"{_flag_text(flag, value)} ignored: the resumed run keeps "
+                   f"{_flag_text(flag, getattr(config, name))} from its checkpoint")
     if args.iterations is not None and args.iterations != config.iterations:
         if args.iterations < saved["images_seen"]:
             raise SplatscaleError(f"--iterations {args.iterations}: {checkpoint} has already "
@@ -181,16 +190,16 @@ def _resumed_scene(args: Namespace, record: RunRecord | None) -> None:
     for name, flag in SCENE_FLAGS.items():
         given, kept = getattr(args, name), getattr(record, name)
         if given is not None and given != kept:
-            said = flag if isinstance(given, bool) else f"{flag} {given}"
-            notice(f"{said} ignored: the resumed run keeps "
+            notice(f"{_flag_text(flag, given)} ignored: the resumed run keeps "
                    f"{_flag_text(flag, kept)} from {record.path}")
         setattr(args, name, kept)
 
 
 def _flag_text(flag: str, value) -> str:
-    if isinstance(value, bool):
-        return flag if value else f"no {flag}"
-    return f"{flag} {value}"
+    """A setting as the command line says it: ``--eval``, ``no --max-width``, ``--seed 3``."""
+    if value is None or value is False:
+        return f"no {flag}"
+    return flag if value is True else f"{flag} {value}"
 
 
 def _tell_held_out(scene: Scene) -> None:
@@ -228,6 +237,9 @@ def _check_flags_act(args: Namespace, config: TrainConfig, scene: Scene,
     if args.eval_every and not args.eval:
         raise SplatscaleError("--eval-every: only with --eval (a run without it has no test "
                               "views)")
+    if args.eval_every > end:
+        raise SplatscaleError(f"--eval-every {args.eval_every}: past the run's end (image "
+                              f"{end:,}); the test views are tested at the end anyway")
 
 
 class Inputs(NamedTuple):
@@ -252,7 +264,7 @@ def train(args: Namespace) -> int | None:
     except SplatscaleError as refusal:
         if ranks is None:
             raise
-        group.refuse(ranks, refusal, args.join_timeout)  # said once, whichever ranks met it
+        group.refuse(ranks, refusal, _join_timeout(args))  # said once, whichever ranks met it
     if args.nproc > 1 and ranks is None:
         return _launch(args)
     _share_cores(args, ranks)
@@ -307,7 +319,7 @@ def _train(args: Namespace, ranks: group.Ranks | None, holds_lock: bool = False)
             device = rank_device(args.device, ranks.local_rank)
             if device != "cpu":
                 torch.cuda.set_device(device)
-            where = group.join(ranks, args.join_timeout, device, args.comm)
+            where = group.join(ranks, _join_timeout(args), device, args.comm)
 
         def prepare() -> tuple[Trainer, dict, Watcher | None]:
             if where is not None and where.device != "cpu":
@@ -370,6 +382,14 @@ def _watcher(args: Namespace, trainer: Trainer, server) -> Watcher | None:
     return live_run(server, scenery, trainer.background, f"training {args.output}")
 
 
+def _join_timeout(args: Namespace) -> float:
+    return JOIN_TIMEOUT if args.join_timeout is None else args.join_timeout
+
+
+def _balance(args: Namespace) -> str:
+    return args.balance or "cost"
+
+
 def _fixed_cost(args: Namespace) -> RowCost | None:
     """The row cost the flags fix, or None: fitted as the run goes."""
     if args.pixel_cost is None and args.intersection_cost is None:
@@ -393,10 +413,10 @@ def _distributed_engine(ranks: group.Ranks, where: Placement, args: Namespace,
     --offload."""
     shard = shard_of(model, ranks.rank, ranks.world)
     if args.offload:
-        return offloaded_shard_engine(shard, batch_size, background, ssim_weight, args.balance,
+        return offloaded_shard_engine(shard, batch_size, background, ssim_weight, _balance(args),
                                       _fixed_cost(args), device=where.device,
                                       forwarding=args.forwarding, lookahead=args.lookahead)
-    return distributed_engine(shard, batch_size, background, ssim_weight, args.balance,
+    return distributed_engine(shard, batch_size, background, ssim_weight, _balance(args),
                               _fixed_cost(args), device=where.device)
 
 
@@ -494,11 +514,7 @@ def export(args: Namespace) -> None:
     source, _ = model_of(args.model)
     model = read_ply(source)
     extras = read_extras(source)
-    output = args.output or source.with_suffix(f".{args.format}")
-    if output.resolve() == source.resolve():
-        raise SplatscaleError(f"-o {output}: is the input model; choose another file"
-                              if args.output is not None else
-                              f"--format ply: {source} is a PLY in that layout already")
+    output = _export_path(args, source)
     if args.format == "ply":
         write_ply(model, output, extras)
     else:
@@ -507,6 +523,23 @@ def export(args: Namespace) -> None:
             notice(f"{output}: the .{args.format} format has no place for {source}'s "
                    f"extra properties, dropped: {', '.join(extras.dtype.names)}")
     print(f"wrote {output}")
+
+
+def _export_path(args: Namespace, source: Path) -> Path:
+    """Where ``export`` writes: a file of the format's suffix, which is not the input
+    and, unless --overwrite, not a file already there."""
+    suffix = f".{args.format}"
+    output = args.output or source.with_suffix(suffix)
+    said = f"-o {output}" if args.output is not None else str(output)
+    if output.suffix.lower() != suffix:
+        raise SplatscaleError(f"{said}: a {suffix} file's name ends in {suffix}")
+    if output.resolve() == source.resolve():
+        raise SplatscaleError(f"{said}: is the input model; choose another file"
+                              if args.output is not None else
+                              f"--format ply: {source} is a PLY in that layout already")
+    if os.path.lexists(output) and not args.overwrite:
+        raise SplatscaleError(f"{said}: exists; --overwrite replaces it")
+    return output
 
 
 def _served(host: str | None, port: int | None):

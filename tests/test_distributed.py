@@ -72,8 +72,8 @@ def join(rank: int, world: int, init_file: str) -> None:
 
 
 def save(engine, path: Path, images: int) -> None:
-    save_checkpoint(path, {**TRAINER_STATE, "images_seen": images}, engine.state_dict(),
-                    engine.shard(), writes=engine.shard()[0] == 0)
+    save_checkpoint(path, {**TRAINER_STATE, "images_seen": images, "steps": images},
+                    engine.state_dict(), engine.shard(), writes=engine.shard()[0] == 0)
 
 
 def whole_state_saved(path: Path) -> dict:

@@ -59,13 +59,34 @@ def torn_checkpoint(base: Path) -> list[str]:
     return []
 
 
+# Edits of a part of a checkpoint that a plain value cannot say.
+EDITS = {
+    "seed-overflow": lambda config: {**config, "seed": 2 ** 70},
+    "short": lambda order: order[:3],
+    "no-moments": lambda optimizer: {**optimizer, "exp_avg": {}},
+    "nan": lambda model: {**model, "means": model["means"].index_fill(0, torch.tensor([0]),
+                                                                      float("nan"))},
+    "float-sh": lambda config: {**config, "sh_degree": 2.0},
+}
+
+
 def checkpoint_field(part: str, name: str, value) -> Callable[[Path], list[str]]:
-    """A checkpoint whose ``part`` (None: the top level) has ``name`` set to ``value``."""
+    """A checkpoint whose ``part`` (None: the top level) has ``name`` set to ``value``
+    (or edited by ``EDITS[value]``)."""
     def edit(base: Path) -> list[str]:
         path = base / "run" / "checkpoint.pt"
         state = torch.load(path, weights_only=False)
-        (state if part is None else state[part])[name] = value
+        holder = state if part is None else state[part]
+        holder[name] = EDITS[value](holder[name]) if value in EDITS else value
         torch.save(state, path)
+        return []
+    return edit
+
+
+def metrics_line(line: str) -> Callable[[Path], list[str]]:
+    def edit(base: Path) -> list[str]:
+        with open(base / "run" / "metrics.jsonl", "a") as log:
+            log.write(line + "\n")
         return []
     return edit
 
@@ -116,6 +137,26 @@ CASES = {
                                        ("--resume",)),
     "tests without test views": (flags("--eval-every", "4"), "--eval-every: only with --eval",
                                  ("new", "--overwrite")),
+    "tests past the end": (flags("--eval", "--eval-every", "1000"),
+                           "--eval-every 1000: past the run's end", ("new", "--overwrite")),
+    "ranks' flags alone": (flags("--balance", "uniform"), "--balance: only with several ranks",
+                           ALL),
+    "a seed too large for the checkpoint": (checkpoint_field("trainer", "config",
+                                                             "seed-overflow"),
+                                            "seed must be an integer from 0 to", ("--resume",)),
+    "a random state that is not one": (checkpoint_field("rng", "torch", "x"),
+                                       "its torch random state is not one", ("--resume",)),
+    "an order of the wrong size": (checkpoint_field("trainer", "order", "short"),
+                                   "its order must be a random generator's state",
+                                   ("--resume",)),
+    "steps that do not add up": (checkpoint_field("trainer", "steps", 10 ** 12),
+                                 "is not its steps", ("--resume",)),
+    "an optimiser without moments": (checkpoint_field("engine", "optimizer", "no-moments"),
+                                     "its optimiser state does not match", ("--resume",)),
+    "a NaN in the model": (checkpoint_field("engine", "model", "nan"),
+                           "of its Gaussians are NaN or infinite", ("--resume",)),
+    "a float SH degree": (checkpoint_field("trainer", "config", "float-sh"),
+                          "sh_degree must be 0 or 1 or 2 or 3, not 2.0", ("--resume",)),
     "fewer images than trained": (flags("--iterations", "5"), "has already trained on 10",
                                   ("--resume",)),
 }
@@ -191,3 +232,13 @@ def test_an_empty_output_path_is_refused(command, tmp_path, capsys, monkeypatch)
         main([*given, "-o", ""])
     assert_clean_error(refused.value.code, capsys.readouterr().err, "-o", "an empty path")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_log_line_that_is_no_entry_is_dropped_on_resume(earlier_run, tmp_path):
+    shutil.copytree(earlier_run, tmp_path, dirs_exist_ok=True)
+    metrics_line('[1, 2]')(tmp_path)
+    metrics_line('{"images": "x"}')(tmp_path)
+    assert main(["train", "-o", str(tmp_path / "run"), "--resume", "--iterations", "12",
+                 "--quiet", "--cache-dir", str(tmp_path / "cache")]) == 0
+    lines = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
+    assert all(isinstance(json.loads(line).get("images"), int) for line in lines)

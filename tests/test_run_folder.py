@@ -113,7 +113,7 @@ def test_resume_cleans_up_and_continues_the_run_it_finds(tmp_path, cache, capsys
 
     assert train(out, cache, "--resume", "--iterations", "40", "--batch-size", "4") == 0
     err = capsys.readouterr().err
-    assert "--batch-size 4 ignored: the resumed run keeps 1" in err
+    assert "--batch-size 4 ignored: the resumed run keeps --batch-size 1" in err
     assert "the run now ends after 40 images (it was to end after 20)" in err
     assert [m["images"] for m in metrics(out)] == [10, 20, 30, 40], "each step logged once"
     assert [p.name for p in out.glob(".*.tmp")] == [".notes.tmp"]
@@ -146,6 +146,24 @@ def test_export_never_writes_over_its_input(tmp_path, capsys):
     assert "is the input model" in capsys.readouterr().err
     assert model.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.ply"]
+
+
+def test_export_never_replaces_a_file_unasked(tmp_path, capsys):
+    model = tmp_path / "model.ply"
+    write_ply(random_model(10, dtype=torch.float32), model)
+    (tmp_path / "checkpoint.pt").write_bytes(b"a run's checkpoint")
+    (tmp_path / "notes.spz").write_bytes(b"the user's own")
+    before = snapshot(tmp_path)
+    for flags, fragment in ((["--format", "splat", "-o", str(tmp_path / "checkpoint.pt")],
+                             "a .splat file's name ends in .splat"),
+                            (["--format", "spz", "-o", str(tmp_path / "notes.spz")],
+                             "exists; --overwrite replaces it")):
+        assert main(["export", str(model), *flags]) == 2
+        assert_clean_error(2, capsys.readouterr().err, fragment)
+    assert snapshot(tmp_path) == before
+    assert main(["export", str(model), "--format", "splat"]) == 0
+    assert main(["export", str(model), "--format", "splat"]) == 2
+    assert main(["export", str(model), "--format", "splat", "--overwrite"]) == 0
 
 
 def test_nan_guard_keeps_the_last_good_checkpoint(tmp_path, cache):

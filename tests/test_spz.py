@@ -148,11 +148,11 @@ def test_export_refuses_what_spz_cannot_hold_and_what_is_not_a_file(tmp_path, ca
     assert main(["export", str(tmp_path / "huge.ply"), "--format", "spz"]) == 2
     err = capfd.readouterr().err.strip().splitlines()
     assert len(err) == 2, err
-    assert f"{tmp_path / 'folder'}: not a regular file, so not replaced" in err[0]
+    assert f"{tmp_path / 'folder'}: a .spz file's name ends in .spz" in err[0]
     assert "do not fit an .spz file" in err[1] and not (tmp_path / "huge.spz").exists()
 
     (tmp_path / "real.spz").write_bytes(b"")
     (tmp_path / "link.spz").symlink_to("real.spz")
     assert main(["export", str(tmp_path / "model.ply"), "--format", "spz",
-                 "-o", str(tmp_path / "link.spz")]) == 0
+                 "-o", str(tmp_path / "link.spz"), "--overwrite"]) == 0
     assert (tmp_path / "link.spz").is_symlink() and (tmp_path / "real.spz").stat().st_size > 0

@@ -39,15 +39,19 @@ def state_problem(state) -> str | None:
         model = GaussianModel(**state["model"], keys=state["keys"])
     except (TypeError, ValueError, AttributeError) as error:
         return f"its Gaussians are malformed ({error})"
+    non_finite = len(model.non_finite_rows())
+    if non_finite:
+        return f"{non_finite} of its Gaussians are NaN or infinite"
     optimizer, shapes = state["optimizer"], {n: t.shape for n, t in model.parameters().items()}
     if not isinstance(optimizer, dict) or not all(
-            isinstance(optimizer.get(kind), dict) and isinstance(t, Tensor)
-            and t.shape == shapes.get(n) for kind in ("exp_avg", "exp_avg_sq")
-            for n, t in optimizer[kind].items()):
+            isinstance(optimizer.get(kind), dict) and set(optimizer[kind]) == set(shapes)
+            and all(isinstance(t, Tensor) and t.shape == shapes[n]
+                    for n, t in optimizer[kind].items()) for kind in ("exp_avg", "exp_avg_sq")):
         return "its optimiser state does not match its Gaussians"
     steps, batch_size = optimizer.get("steps"), optimizer.get("batch_size")
-    if not isinstance(steps, dict) or not all(type(v) is int and v >= 0 for v in steps.values()):
-        return "its optimiser's step counts are not counts"
+    if not isinstance(steps, dict) or set(steps) != set(shapes) or not all(
+            type(v) is int and v >= 0 for v in steps.values()):
+        return "its optimiser's step counts are not one count per parameter"
     if type(batch_size) is not int or batch_size < 1:
         return f"its optimiser's batch_size is {batch_size!r}"
     stats = state["stats"]

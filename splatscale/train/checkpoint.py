@@ -141,6 +141,7 @@ def _read_manifest(path: Path) -> dict:
         if not isinstance(state.get(part), dict) or not all(k in state[part] for k in keys):
             raise DataError(f"{path}: not a splatscale checkpoint (its {part} state is incomplete)")
     _check_trainer_state(state["trainer"], path)
+    _check_rng_state(state["rng"], path)
     _check_engine_manifest(state.get("engine"), path)
     return state
 
@@ -156,12 +157,27 @@ TRAINER_FIELDS = {
     "sh_degree": (lambda v: type(v) is int and 0 <= v <= MAX_SH_DEGREE, "an SH degree, 0 to 3"),
     "train_seconds": (lambda v: type(v) in (int, float) and 0 <= v < math.inf,
                       "a number of seconds"),
-    "order": (lambda v: isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() == 1,
+    "order": (lambda v: _restores(lambda: torch.Generator().set_state(v)),
               "a random generator's state"),
     "queue": (lambda v: isinstance(v, list) and all(_count(i) for i in v), "a list of views"),
     "scene": (lambda v: isinstance(v, str), "a scene's fingerprint"),
     "eval_split": (lambda v: isinstance(v, bool), "true or false"),
 }
+
+
+# The random generators a checkpoint restores, each tried on a generator of its kind.
+RNG_RESTORES = {"torch": lambda v: torch.Generator().set_state(v),
+                "numpy": lambda v: np.random.RandomState().set_state(v),
+                "python": lambda v: random.Random().setstate(v)}
+
+
+def _restores(restore) -> bool:
+    """Whether ``restore()`` takes its state without complaint."""
+    try:
+        restore()
+    except Exception:  # noqa: BLE001 - each library says "wrong state" its own way
+        return False
+    return True
 
 
 def _check_trainer_state(trainer: dict, path: Path) -> None:
@@ -170,7 +186,17 @@ def _check_trainer_state(trainer: dict, path: Path) -> None:
         if not fits(trainer[name]):
             raise DataError(f"{path}: its {name} must be {expected}, not "
                             f"{_shown(trainer[name])}")
-    TrainConfig.from_dict(trainer["config"], f"{path}: config")
+    config = TrainConfig.from_dict(trainer["config"], f"{path}: config")
+    if trainer["images_seen"] != trainer["steps"] * config.batch_size:
+        raise DataError(f"{path}: its images_seen ({trainer['images_seen']}) is not its "
+                        f"steps ({trainer['steps']}) times its batch size "
+                        f"({config.batch_size})")
+
+
+def _check_rng_state(rng: dict, path: Path) -> None:
+    for name, restore in RNG_RESTORES.items():
+        if not _restores(lambda: restore(rng[name])):
+            raise DataError(f"{path}: its {name} random state is not one")
 
 
 def _shown(value) -> str:

@@ -78,6 +78,8 @@ class TrainConfig:
         return cls(**values)
 
 
+MAX_SEED = 2 ** 32 - 1  # numpy's generators take no larger seed
+MAX_COUNT = 2 ** 62     # beyond it, counts overflow the 64-bit integers of torch and numpy
 # The settings counted in images that --schedule-scale scales (densify_until too).
 SCHEDULES = ("iterations", "position_lr_max_steps", "densify_from", "densify_interval",
              "opacity_reset_interval", "sh_degree_interval")
@@ -96,12 +98,14 @@ def _check_setting(name: str, kind: str, value, where: str) -> None:
     base = kind.removesuffix(" | None")
     low = 1 if name in AT_LEAST_ONE else 0
     if name in CHOICES:
-        fits, expected = value in CHOICES[name] and type(value) is not bool, \
-            " or ".join(map(repr, CHOICES[name]))
+        fits = type(value) is type(CHOICES[name][0]) and value in CHOICES[name]
+        expected = " or ".join(map(repr, CHOICES[name]))
     elif base == "bool":
         fits, expected = isinstance(value, bool), "true or false"
     elif base == "int":
-        fits, expected = type(value) is int and value >= low, f"an integer of at least {low}"
+        high = MAX_SEED if name == "seed" else MAX_COUNT
+        fits = type(value) is int and low <= value <= high
+        expected = f"an integer from {low} to {high:,}"
     elif name == "schedule_scale":
         fits = type(value) in (int, float) and 0 < value < math.inf
         expected = "a finite number above 0"

@@ -132,13 +132,8 @@ class RunFolder:
         """Drop the log lines written after the checkpoint being resumed."""
         if not self.metrics.is_file():
             return
-        kept = []
-        for line in self.metrics.read_text().splitlines():
-            try:
-                if json.loads(line).get("images", 0) <= images_seen:
-                    kept.append(line)
-            except json.JSONDecodeError:  # a line torn by a kill
-                continue
+        kept = [line for line in self.metrics.read_text(errors="replace").splitlines()
+                if _logged_by(line, images_seen)]
         with atomic_path(self.metrics) as tmp:
             tmp.write_text("".join(line + "\n" for line in kept))
 
@@ -154,3 +149,14 @@ def _remove_empty_folders(top: Path) -> None:
             folder.rmdir()
         except OSError:  # it holds a file that is not the run's
             pass
+
+
+def _logged_by(line: str, images_seen: int) -> bool:
+    """Whether the log ``line`` is an entry of the run up to image ``images_seen``: a
+    line torn by a kill, or one that is not an entry, is not."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return False
+    return (isinstance(entry, dict) and type(entry.get("images")) is int
+            and entry["images"] <= images_seen)
