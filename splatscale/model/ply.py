@@ -1,4 +1,7 @@
-"""Model files: the INRIA 3DGS PLY layout (read and write) and the .splat format."""
+"""Model files: the INRIA 3DGS PLY layout and the .splat format, read and written.
+
+A PLY we write may record its world's up direction (``model.orientation``) as a
+header comment, ``comment splatscale up X Y Z``, which other tools ignore."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from typing import Iterable
 
 import numpy as np
 import torch
-from plyfile import PlyData, PlyElement
+from plyfile import PlyData, PlyElement, PlyParseError
 
 from splatscale.atomic import atomic_path
 from splatscale.errors import DataError
@@ -15,6 +18,10 @@ from splatscale.model.gaussians import MAX_SH_DEGREE, SH_C0, SH_REST, GaussianMo
 
 BASE = (["x", "y", "z", "nx", "ny", "nz"] + [f"f_dc_{i}" for i in range(3)])
 TAIL = ["opacity"] + [f"scale_{i}" for i in range(3)] + [f"rot_{i}" for i in range(4)]
+UP_COMMENT = "splatscale up"
+# antimatter15's .splat rows, as web viewers read them.
+SPLAT_ROW = np.dtype([("position", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4),
+                      ("rotation", "u1", 4)])
 
 
 def ply_properties(sh_coefficients: int = SH_REST) -> list[str]:
@@ -22,11 +29,12 @@ def ply_properties(sh_coefficients: int = SH_REST) -> list[str]:
 
 
 def write_ply(model: GaussianModel, path: str | Path,
-              extras: np.ndarray | None = None) -> None:
+              extras: np.ndarray | None = None, up: np.ndarray | None = None) -> None:
     """Write ``model`` in the INRIA layout (f_rest channel-major, logit opacity, log scales),
-    and the per-Gaussian properties ``extras`` (a structured array, ``read_extras``) after."""
+    and the per-Gaussian properties ``extras`` (a structured array, ``read_extras``) after;
+    ``up``, the world's up direction, in the header."""
     if extras is None or not extras.dtype.names:
-        write_ply_parts([model], len(model), path)
+        write_ply_parts([model], len(model), path, up)
         return
     records = _records(model)
     rows = np.empty(len(model), dtype=[(name, "<f4") for name in ply_properties()]
@@ -36,15 +44,17 @@ def write_ply(model: GaussianModel, path: str | Path,
     for name in extras.dtype.names:
         rows[name] = extras[name]
     with atomic_path(path) as tmp:
-        PlyData([PlyElement.describe(rows, "vertex")]).write(str(tmp))
+        PlyData([PlyElement.describe(rows, "vertex")], comments=_up_comments(up)).write(str(tmp))
 
 
-def write_ply_parts(parts: Iterable[GaussianModel], count: int, path: str | Path) -> None:
+def write_ply_parts(parts: Iterable[GaussianModel], count: int, path: str | Path,
+                    up: np.ndarray | None = None) -> None:
     """One PLY of ``count`` Gaussians from consecutive ``parts``, one part in memory at a
-    time (a distributed run streams its shards)."""
+    time (a distributed run streams its shards); ``up`` in its header."""
     properties = ply_properties()
     header = ("ply\nformat binary_little_endian 1.0\n"
-              f"element vertex {count}\n"
+              + "".join(f"comment {line}\n" for line in _up_comments(up))
+              + f"element vertex {count}\n"
               + "".join(f"property float {name}\n" for name in properties) + "end_header\n")
     written = 0
     with atomic_path(path) as tmp, open(tmp, "wb") as handle:
@@ -54,6 +64,37 @@ def write_ply_parts(parts: Iterable[GaussianModel], count: int, path: str | Path
             written += len(part)
         if written != count:
             raise ValueError(f"write_ply_parts: {written} Gaussians written, {count} announced")
+
+
+def _up_comments(up: np.ndarray | None) -> list[str]:
+    """The header comment recording ``up`` (none without it), its numbers as Python
+    writes floats, so that they read back exactly."""
+    if up is None:
+        return []
+    return [UP_COMMENT + "".join(f" {float(value)!r}" for value in up)]
+
+
+def recorded_up(path: str | Path) -> np.ndarray | None:
+    """The up direction a PLY's header records, or None (a PLY of another tool)."""
+    with open(path, "rb") as handle:
+        for line in handle:
+            words = line.decode("ascii", errors="replace").split()
+            if words[:1] == ["end_header"]:
+                return None
+            if words[:3] == ["comment", *UP_COMMENT.split()]:
+                return _direction(words[3:], path)
+    return None
+
+
+def _direction(words: list[str], path: str | Path) -> np.ndarray:
+    try:
+        up = np.array([float(word) for word in words])
+    except ValueError:
+        up = np.zeros(0)
+    if up.shape != (3,) or not np.isfinite(up).all() or not np.linalg.norm(up) > 0:
+        raise DataError(f"{path}: its header's 'comment {UP_COMMENT}' is not a direction "
+                        f"(three finite numbers, not all zero): {' '.join(words)!r}")
+    return up / np.linalg.norm(up)
 
 
 def _records(model: GaussianModel) -> np.ndarray:
@@ -71,14 +112,31 @@ def read_ply(path: str | Path, dtype: torch.dtype = torch.float32) -> GaussianMo
 
     An empty model, or one with NaN or infinite values, is refused.
     """
+    path = existing_file(path)
+    with open(path, "rb") as handle:
+        if handle.read(4).rstrip(b"\r\n") != b"ply":
+            raise DataError(f"{path}: not a 3DGS PLY file (it does not begin with 'ply'; a "
+                            "model file is read as a PLY unless its name ends in .splat or "
+                            ".spz)")
+    try:
+        vertex = PlyData.read(str(path))["vertex"]
+    except PlyParseError as error:  # its messages say where and what
+        raise DataError(f"{path}: not a 3DGS PLY file ({error})") from None
+    except Exception as error:  # KeyError (no vertex element), ValueError...
+        raise DataError(f"{path}: not a 3DGS PLY file ({type(error).__name__}: {error})") from None
+    return usable_model(_model_of(vertex, path, dtype), path)
+
+
+def existing_file(path: str | Path) -> Path:
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    try:
-        vertex = PlyData.read(str(path))["vertex"]
-    except Exception as error:  # plyfile raises its own parse errors, KeyError, ValueError...
-        raise DataError(f"{path}: not a 3DGS PLY file ({type(error).__name__}: {error})") from None
-    model = _model_of(vertex, path, dtype)
+    return path
+
+
+def usable_model(model: GaussianModel, path: Path) -> GaussianModel:
+    """``model`` as read from ``path``; refused if it is empty or holds a NaN or an
+    infinite value."""
     if len(model) == 0:
         raise DataError(f"{path}: the model has no Gaussians")
     bad = model.non_finite_rows()
@@ -132,11 +190,36 @@ def write_splat(model: GaussianModel, path: str | Path) -> None:
         rgb = (0.5 + SH_C0 * model.sh0[:, 0].float()).clamp(0, 1)
         rgba = torch.cat([rgb, opacity[:, None]], 1)
         quats = model.rotations.float()
-    records = np.zeros(len(model), dtype=[("position", "<f4", 3), ("scale", "<f4", 3),
-                                          ("rgba", "u1", 4), ("rotation", "u1", 4)])
+    records = np.zeros(len(model), dtype=SPLAT_ROW)
     records["position"] = model.means.detach().float()[order].numpy()
     records["scale"] = scales[order].numpy()
     records["rgba"] = (rgba[order] * 255).round().clamp(0, 255).numpy()
     records["rotation"] = (quats[order] * 128 + 128).round().clamp(0, 255).numpy()
     with atomic_path(path) as tmp:
         tmp.write_bytes(records.tobytes())
+
+
+def read_splat(path: str | Path, dtype: torch.dtype = torch.float32) -> GaussianModel:
+    """A .splat file's Gaussians (``write_splat``'s rows, in any order): degree-0
+    colours, opacities and rotations to the format's 8 bits."""
+    path = existing_file(path)
+    size = path.stat().st_size
+    if size == 0 or size % SPLAT_ROW.itemsize:
+        raise DataError(f"{path}: not a .splat file ({size:,} bytes is not a whole number "
+                        f"of {SPLAT_ROW.itemsize}-byte splats)")
+    rows = np.fromfile(path, dtype=SPLAT_ROW)
+    rgba = rows["rgba"] / 255.0
+    # A byte stands for the values within half a step of it: opacities 0 and 1, whose
+    # logits are infinite, are read as the nearest values they stand for.
+    opacity = np.clip(rgba[:, 3], 0.5 / 255, 1 - 0.5 / 255)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero or negative scale: refused
+        log_scales = np.log(rows["scale"].astype(np.float64))
+    as_tensor = lambda a: torch.as_tensor(a, dtype=dtype)  # noqa: E731
+    model = GaussianModel(
+        means=as_tensor(rows["position"]),
+        quats=as_tensor((rows["rotation"] - 128.0) / 128.0),
+        log_scales=as_tensor(log_scales),
+        opacity_logits=as_tensor(np.log(opacity / (1 - opacity))),
+        sh0=as_tensor((rgba[:, :3] - 0.5) / SH_C0)[:, None],
+        shN=torch.zeros(len(rows), SH_REST, 3, dtype=dtype), sh_degree=0)
+    return usable_model(model, path)

@@ -1,12 +1,12 @@
-"""Models as Niantic's .spz files (compressed splats that web viewers read), packed by
-gsply's writer.
+"""Models as Niantic's .spz files (compressed splats that web viewers read), packed and
+unpacked by gsply.
 
 An .spz file holds its splats in RUB axes (x right, y up, z back: OpenGL's and
 three.js's), where ours (and a PLY's) are RDF (OpenCV's: y down, z forward). The
 two differ by a half turn about x, (x, y, z) -> (x, -y, -z), which we apply
-before packing: centres and quaternions' y and z change sign, and each
-spherical-harmonic coefficient changes sign with the parity of its basis
-function in y and z.
+before packing (and after unpacking: it is its own inverse): centres and
+quaternions' y and z change sign, and each spherical-harmonic coefficient
+changes sign with the parity of its basis function in y and z.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ import math
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from splatscale.atomic import atomic_path
 from splatscale.errors import DataError
-from splatscale.model.gaussians import GaussianModel
+from splatscale.model.gaussians import SH_REST, GaussianModel
+from splatscale.model.ply import existing_file, usable_model
 
 SPZ_VERSION = 3  # gzip container, read by every .spz reader
 MAX_FRACTIONAL_BITS = 12  # the format's usual precision of centres: 1/4096
@@ -27,6 +29,8 @@ MAX_FRACTIONAL_BITS = 12  # the format's usual precision of centres: 1/4096
 HALF_TURN_SH_SIGNS = np.array([-1, -1, 1,
                                -1, 1, 1, -1, 1,
                                -1, 1, -1, -1, 1, -1, 1], dtype=np.float32)
+FLIP = np.array([1.0, -1.0, -1.0], dtype=np.float32)  # the half turn on centres
+QUAT_FLIP = np.array([1.0, 1.0, -1.0, -1.0], dtype=np.float32)  # and on wxyz quaternions
 
 
 def write_spz(model: GaussianModel, path: str | Path) -> None:
@@ -38,17 +42,41 @@ def write_spz(model: GaussianModel, path: str | Path) -> None:
 
     p = {name: t.detach().cpu().float().numpy() for name, t in model.parameters().items()}
     rest = (model.sh_degree + 1) ** 2 - 1
-    flip = np.array([1.0, -1.0, -1.0], dtype=np.float32)
-    data = GSData(means=np.ascontiguousarray(p["means"] * flip),
+    data = GSData(means=np.ascontiguousarray(p["means"] * FLIP),
                   scales=p["log_scales"],
-                  quats=np.ascontiguousarray(_unit(p["quats"]) * np.concatenate([[1.0], flip])
-                                             .astype(np.float32)),
+                  quats=np.ascontiguousarray(_unit(p["quats"]) * QUAT_FLIP),
                   opacities=p["opacity_logits"],
                   sh0=np.ascontiguousarray(p["sh0"][:, 0]),
                   shN=np.ascontiguousarray(p["shN"][:, :rest] * HALF_TURN_SH_SIGNS[:rest, None]))
     bits = fractional_bits(float(np.abs(p["means"]).max()), path)
     with atomic_path(path) as tmp:
         pack(tmp, data, version=SPZ_VERSION, fractional_bits=bits)
+
+
+def read_spz(path: str | Path, dtype: torch.dtype = torch.float32) -> GaussianModel:
+    """An .spz file's Gaussians (any version gsply reads), in our axes, within the
+    format's quantisation."""
+    from gsply.spz import read_spz as unpack
+
+    path = existing_file(path)
+    try:
+        data = unpack(path)
+    except ValueError as error:  # gsply's word for every malformed file
+        reason = str(error).removesuffix(f": {path}")
+        raise DataError(f"{path}: not a readable .spz file ({reason})") from None
+    n = len(data.means)
+    shN, rest = np.zeros((n, SH_REST, 3), dtype=np.float32), 0
+    if data.shN is not None:  # None at degree 0
+        rest = data.shN.shape[1]
+        shN[:, :rest] = data.shN * HALF_TURN_SH_SIGNS[:rest, None]
+    as_tensor = lambda a: torch.as_tensor(np.asarray(a), dtype=dtype)  # noqa: E731
+    model = GaussianModel(means=as_tensor(data.means * FLIP),
+                          quats=as_tensor(data.quats * QUAT_FLIP),
+                          log_scales=as_tensor(data.scales),
+                          opacity_logits=as_tensor(data.opacities).reshape(n),
+                          sh0=as_tensor(data.sh0).reshape(n, 1, 3),
+                          shN=as_tensor(shN), sh_degree=round(math.sqrt(rest + 1)) - 1)
+    return usable_model(model, path)
 
 
 def fractional_bits(largest: float, path: str | Path) -> int:
