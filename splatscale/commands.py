@@ -33,6 +33,7 @@ from splatscale.folder_lock import locked_folder
 from splatscale.messages import held, muted, notice
 from splatscale.threads import use_threads
 from splatscale.model.gaussians import GaussianModel
+from splatscale.model.files import read_model
 from splatscale.model.ply import read_extras, read_ply, write_ply, write_splat
 from splatscale.model.spz import write_spz
 from splatscale.render import cuda_backend, render as render_view
@@ -551,12 +552,12 @@ def view(args: Namespace) -> None:
     from splatscale.viewer.app import view as show_model
 
     model_file, record = model_of(args.model)
-    model = read_ply(model_file)
+    model, up = read_model(model_file)
     scenery, background = None, torch.zeros(3)
     if args.data is not None or record is not None:
         scenery, background = _run_scenery(args, record)
     with _served(args.host, args.port) as server:
-        show_model(server, model, scenery, background.to(model.means.dtype), str(args.model))
+        show_model(server, model, scenery, background.to(model.means.dtype), str(args.model), up)
 
 
 def _run_scenery(args: Namespace, record: RunRecord | None) -> tuple[Scenery, torch.Tensor]:

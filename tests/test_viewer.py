@@ -1,5 +1,6 @@
 """The viewer without a browser: poses and splats in viser's terms, the port check,
-and that watching a run (its model gathered, checkpoints, pauses) changes nothing."""
+and that watching a run (its model gathered, checkpoints, pauses) changes nothing.
+Where the first view opens is tests/test_viewer_framing.py's."""
 
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ from splatscale.engine.distributed import distributed_engine, shard_of
 from splatscale.engine.distributed.cost_model import RowCost
 from splatscale.engine.local import local_engine
 from splatscale.engine.offload import offload_engine
+from splatscale.model.orientation import cameras_up
+from splatscale.model.ply import recorded_up
 from splatscale.train.config import TrainConfig
 from splatscale.train.trainer import RunOptions, Trainer
 from splatscale.train.watch import Bystander
-from splatscale.viewer.poses import camera_at, pose_of, up_direction
+from splatscale.viewer.poses import camera_at, pose_of
 from splatscale.viewer.splats import browser_splats
 from tests.conftest import HANG_GUARD, random_model
 
@@ -49,8 +52,45 @@ def test_a_pose_gives_back_its_camera(demo):
         assert (again.width, again.height) == (camera.width, camera.height)
         torch.testing.assert_close(again.viewmat, camera.viewmat.double(), rtol=0, atol=1e-9)
         torch.testing.assert_close(again.K, camera.K.double(), rtol=0, atol=1e-9)
-    up = up_direction([v.camera for v in demo.views])
+    up = cameras_up([v.camera for v in demo.views])
     assert up @ np.array([0.0, -1.0, 0.0]) > 0.9  # the demo's floor is at +y, below
+
+
+def test_a_page_opens_on_its_cameras_framing_and_hides_them_on_request(demo):
+    from splatscale.viewer.app import served
+    from splatscale.viewer.page import Page, Scenery
+
+    train_ids, test_ids = demo.split(True)
+    scenery = Scenery(ImageStore(demo, background=demo.background), train_ids, test_ids)
+    framing = scenery.framing()
+    with served("127.0.0.1", 0) as server:
+        page = Page(server, scenery, torch.ones(3), "demo")
+        start = server.initial_camera  # every browser's first view
+        np.testing.assert_array_equal(start.position, framing.position)
+        np.testing.assert_array_equal(start.look_at, framing.pivot)
+        np.testing.assert_array_equal(start.up, framing.up)
+        assert (start.fov, start.near, start.far) == (framing.fov, framing.near, framing.far)
+        # The demo's cameras look at its origin from above its floor (y is down).
+        np.testing.assert_allclose(framing.pivot, np.zeros(3), atol=1e-9)
+        assert framing.up @ np.array([0.0, -1.0, 0.0]) > 0.99
+        assert page.cameras.visible
+        page.show_cameras.value = False
+        assert not page.cameras.visible
+
+
+def test_a_model_alone_opens_upright_by_its_recorded_up():
+    from splatscale.viewer.app import served
+    from splatscale.viewer.framing import model_framing
+    from splatscale.viewer.page import Page
+
+    model = random_model(50, dtype=torch.float32)
+    up = np.array([0.0, -0.6, 0.8])
+    with served("127.0.0.1", 0) as server:
+        page = Page(server, None, torch.zeros(3), "model.ply", up)
+        page.show_model(model)
+        framing = model_framing(model.means.double().numpy(), page.unit, up)
+        np.testing.assert_array_equal(server.initial_camera.up, up)
+        np.testing.assert_allclose(server.initial_camera.position, framing.position)
 
 
 def quaternion_matrix(q: np.ndarray) -> np.ndarray:
@@ -186,6 +226,11 @@ def test_a_watched_run_ends_as_an_unwatched_one(engine, demo, tmp_path):
     assert watcher.waits == 3 and watcher.saved == [6] and watcher.done == 40
     assert len(watcher.models) == 21  # before the first step, then after each
     assert (tmp_path / "watched" / "checkpoint.pt").is_file()
+    # The model records its training cameras' up, for a viewer of the PLY alone.
+    train_ids, _ = demo.split(False)
+    np.testing.assert_allclose(recorded_up(tmp_path / "watched" / "point_cloud.ply"),
+                               cameras_up([demo.views[i].camera for i in train_ids]),
+                               rtol=0, atol=1e-15)
 
 
 def watched_rank(rank: int, world: int, init_file: str, cache: str, out: str,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Iterator
 
+import numpy as np
 import torch
 
 from splatscale.messages import notice
@@ -28,16 +29,17 @@ def served(host: str, port: int) -> Iterator[object]:
 
 
 def view(server, model: GaussianModel, scenery: Scenery | None, background: torch.Tensor,
-         title: str) -> None:
-    """Show ``model`` until Ctrl-C."""
-    page = Page(server, scenery, background, title)
+         title: str, up: np.ndarray | None = None) -> None:
+    """Show ``model`` until Ctrl-C; upright by ``up`` (its file's) without a scene."""
+    page = Page(server, scenery, background, title, up)
     page.show_model(model)
     notice(f"viewing {title} at {url(server)} (Ctrl-C to stop)")
-    try:
-        while True:
-            page.serve(timeout=SERVE_POLL)
-    except KeyboardInterrupt:
-        return
+    # Only a stop signal ends it, and it ends as every command's stop does, whenever
+    # it lands (the scene still loading or the page served): the stop's
+    # KeyboardInterrupt says "interrupted", exit status 130. A status 0 would tell a
+    # script or a scheduler that the viewer finished, which it never does by itself.
+    while True:
+        page.serve(timeout=SERVE_POLL)
 
 
 def live_run(server, scenery: Scenery, background: torch.Tensor, title: str) -> LiveRun:

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 from splatscale.model.gaussians import GaussianModel
-from splatscale.viewer.page import Page
+from splatscale.viewer.page import RUN_ORDER, Page
 
 PANEL_EVERY = 0.5        # seconds between rewrites of the progress panel
 PLOT_EVERY = 2.0         # seconds between updates of the plot
@@ -109,7 +109,7 @@ class LiveRun:
 
     def _build(self) -> None:
         gui = self.page.server.gui
-        with gui.add_folder("Training", order=0):
+        with gui.add_folder("Training", order=RUN_ORDER):
             self.progress = gui.add_markdown("starting")
             self.pause = gui.add_button("Pause", icon="player-pause")
             self.resume = gui.add_button("Resume", icon="player-play", visible=False)

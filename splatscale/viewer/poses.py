@@ -47,23 +47,3 @@ def camera_at(pose: Pose, height: int, name: str = "") -> Camera:
     rotation = torch.from_numpy(camera_to_world.T.copy())
     translation = -rotation @ torch.as_tensor(np.asarray(pose.position), dtype=torch.float64)
     return Camera.from_pose(rotation, translation, K, width, height, name)
-
-
-def up_direction(cameras: list[Camera]) -> np.ndarray:
-    """The mean of the cameras' up vectors (-y of OpenCV axes), unit length; +z when
-    they cancel out."""
-    ups = [-camera.viewmat[1, :3].double().numpy() for camera in cameras]
-    mean = np.sum(ups, axis=0) if ups else np.zeros(3)
-    norm = np.linalg.norm(mean)
-    return mean / norm if norm > 1e-9 else np.array([0.0, 0.0, 1.0])
-
-
-OVERVIEW_FOV = math.radians(60.0)
-
-
-def overview(pose: Pose, distance: float) -> Pose:
-    """``pose`` moved back ``distance`` along its view, seeing at least ``OVERVIEW_FOV``:
-    the scene with the cameras around it."""
-    forward = vtf.SO3(np.asarray(pose.wxyz, dtype=np.float64)).apply(np.array([0.0, 0.0, 1.0]))
-    return Pose(pose.wxyz, pose.position - distance * forward, max(pose.fov, OVERVIEW_FOV),
-                pose.aspect)
