@@ -139,7 +139,7 @@ def _add_model_views(parser: argparse.ArgumentParser) -> None:
                         help="the scene (default: the run's, read as it trained: its "
                              "resolution, background and test views); needed for a PLY "
                              "outside a run folder")
-    parser.add_argument("--split", choices=("train", "test", "all"), default="test",
+    parser.add_argument("--split", choices=("train", "test", "all"), default=None,
                         help="the run's test views (default), its training views, or all")
 
 
@@ -300,7 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_views(render)
     render.add_argument("-o", "--output", type=_folder, default=None,
                         help="a new or empty folder for the PNGs, or one of earlier renders "
-                             "(default: renders/SPLIT beside the model)")
+                             "(default: renders/SPLIT, or renders/orbit, beside the model)")
+    render.add_argument("--orbit", action="store_true",
+                        help="instead, a video (orbit.mp4, H.264) of a full turn about what "
+                             "the capture looked at, upright, from its most typical camera")
+    render.add_argument("--frames", type=_integer(2, 100_000), default=120, metavar="N",
+                        help="with --orbit, the video's frames (default 120)")
+    render.add_argument("--fps", type=_integer(1, 240), default=30,
+                        help="with --orbit, its frames per second (default 30)")
     _add_common(render)
 
     evaluate = sub.add_parser("eval", help="test-view metrics of a model as JSON")

@@ -12,13 +12,18 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, NamedTuple
 
+import numpy as np
 import torch
+from tqdm import tqdm
 
 from splatscale.atomic import write_json
 from splatscale.data import load_scene
 from splatscale.demo import demo_scene
 from splatscale.data.image_memory import default_budget
+from splatscale.data.camera_path import orbit
+from splatscale.data.cameras import Camera
 from splatscale.data.images import ImageStore
+from splatscale.data.video import even_size, write_mp4
 from splatscale.data.scene import Scene
 from splatscale.engine.distributed import distributed_engine, group, shard_of
 from splatscale.engine.distributed.cost_model import RowCost
@@ -33,6 +38,7 @@ from splatscale.folder_lock import locked_folder
 from splatscale.messages import held, muted, notice
 from splatscale.threads import use_threads
 from splatscale.model.gaussians import GaussianModel
+from splatscale.model.orientation import camera_axes, cameras_up, look_at_point, most_typical
 from splatscale.model.files import read_model
 from splatscale.model.ply import read_extras, read_ply, write_ply, write_splat
 from splatscale.model.spz import write_spz
@@ -452,11 +458,13 @@ def _split_ids(scene: Scene, split: str, record: RunRecord | None) -> list[int]:
 
 
 class Views(NamedTuple):
-    """The views a model is rendered at, read as its run read its scene."""
+    """The views a model is rendered at (``cameras``: those of views ``ids`` of
+    ``store``), read as its run read its scene."""
 
     model: GaussianModel
     store: ImageStore
     ids: list[int]
+    cameras: list[Camera]
     about: dict
 
 
@@ -471,40 +479,81 @@ def _views(args: Namespace) -> Views:
              "data": None if args.data is None else str(Path(args.data).resolve()),
              "resolution": args.resolution or 1, "max_width": args.max_width,
              "max_pixels": args.max_pixels}
-    return Views(model, store, ids, about)
+    return Views(model, store, ids, [store.camera(i) for i in ids], about)
 
 
-def _rendered(views: Views) -> Iterator[tuple[int, torch.Tensor]]:
-    """Each view's index and its render, [h, W, 3] in [0, 1]."""
+def _rendered(views: Views) -> Iterator[torch.Tensor]:
+    """Each camera's render, [h, W, 3] in [0, 1], with a progress bar."""
     background = torch.tensor(views.store.background, dtype=views.model.means.dtype)
-    for i in views.ids:
+    for camera in tqdm(views.cameras, desc="rendering", unit="view", leave=False,
+                       delay=1.0):
         with torch.no_grad():
-            yield i, render_view(views.model, views.store.camera(i),
-                                 background=background).rgb.clamp(0, 1)
+            yield render_view(views.model, camera, background=background).rgb.clamp(0, 1)
 
 
 def render(args: Namespace) -> None:
-    """Render a model's views into a folder of renders, which never replaces a file
-    that a render did not write there."""
+    """Render a model's views, or an orbit about what its capture looked at (an MP4),
+    into a folder of renders, which never replaces a file that a render did not write
+    there."""
+    if args.orbit and args.split is not None:
+        raise SplatscaleError(f"--split {args.split}: not with --orbit, which goes round "
+                              "the whole capture")
+    args.split = args.split or ("all" if args.orbit else "test")
     views = _views(args)
     model_file = Path(views.about["model"])
-    folder = RenderFolder(args.output or model_file.parent / "renders" / args.split)
-    names = dict(zip(views.ids, render_names([views.store.camera(i).name
-                                              for i in views.ids])))
-    check_distinct(list(names.values()))
-    folder.check(list(names.values()))  # before the lock makes the folder
+    kind = "orbit" if args.orbit else args.split
+    folder = RenderFolder(args.output or model_file.parent / "renders" / kind)
+    names = ([ORBIT_VIDEO] if args.orbit else
+             render_names([views.store.camera(i).name for i in views.ids]))
+    check_distinct(names)
+    path = _orbit(args, views) if args.orbit else None
+    folder.check(names)  # before the lock makes the folder
     with locked_folder(folder.path):
-        folder.check(list(names.values()))
-        folder.begin(list(names.values()), views.about)
-        for i, rgb in _rendered(views):
-            folder.write(names[i], (rgb * 255).round().to(torch.uint8).numpy())
-    print(f"{len(names)} renders in {folder.path}")
+        folder.check(names)
+        folder.begin(names, views.about)
+        if path is not None:
+            frames = map(_pixels, _rendered(views._replace(cameras=path)))
+            write_mp4(frames, folder.file(ORBIT_VIDEO), args.fps)
+        else:
+            for name, rgb in zip(names, _rendered(views)):
+                folder.write(name, _pixels(rgb))
+    what = f"{args.frames} frames in {folder.path / ORBIT_VIDEO}" if args.orbit else \
+        f"{len(names)} renders in {folder.path}"
+    print(what)
+
+
+ORBIT_VIDEO = "orbit.mp4"
+
+
+def _orbit(args: Namespace, views: Views) -> list[Camera]:
+    """A full turn about the point the scene's cameras looked at, upright as they were
+    held, from the camera most like the others, at its distance and height."""
+    cameras = views.cameras
+    up = cameras_up(cameras)
+    if up is None:
+        raise SplatscaleError(f"{args.model}: its cameras' up directions cancel out, so "
+                              "there is no up to orbit about")
+    centres, forwards = camera_axes(cameras)
+    pivot = look_at_point(centres, forwards, views.store.scene.points)
+    start = cameras[most_typical(forwards)]
+    width, height = even_size(start.width, start.height)
+    start = Camera(start.viewmat, start.K, width, height, start.name)
+    try:
+        return orbit(start, pivot, up, args.frames)
+    except ValueError:
+        raise SplatscaleError(f"{args.model}: its cameras stand on the axis they looked "
+                              "along, so there is no orbit about it") from None
+
+
+def _pixels(rgb: torch.Tensor) -> np.ndarray:
+    return (rgb * 255).round().to(torch.uint8).numpy()
 
 
 def evaluate(args: Namespace) -> None:
+    args.split = args.split or "test"
     views = _views(args)
     scores = ImageMetrics()
-    for i, rgb in _rendered(views):
+    for i, rgb in zip(views.ids, _rendered(views)):
         scores.add(rgb, views.store.as_float(i))
     print(json.dumps(scores.summary()))
 

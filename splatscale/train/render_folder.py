@@ -103,12 +103,16 @@ class RenderFolder:
         write_json(self.manifest, {**about, "files": sorted(set(self.written()) | set(names))})
 
     def write(self, name: str, pixels: np.ndarray) -> None:
-        """One render, [h, w, 3] uint8, as ``name`` (one of those ``begin`` listed),
-        never through a link."""
+        """One render, [h, w, 3] uint8, as ``name`` (one of those ``begin`` listed)."""
+        write_png(pixels, self.file(name))
+
+    def file(self, name: str) -> Path:
+        """Where ``name`` (one of those ``begin`` listed) is written: never through a
+        link."""
         if (self.path / name).is_symlink():
             raise SplatscaleError(f"{self.path / name}: a link, which no render wrote; "
                                   "it is not written through")
-        write_png(pixels, self.path / name)
+        return self.path / name
 
     def clear(self) -> None:
         """Remove the files renders wrote here (links left by others stay), and the
