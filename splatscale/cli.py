@@ -129,7 +129,7 @@ def _add_offload_switch(parser, name: str, on: str, off: str) -> None:
                         help=f"with --offload: {off}")
 
 
-MODEL_HELP = "a run folder (its point_cloud.ply), or a PLY model"
+MODEL_HELP = "a run folder (its point_cloud.ply), or a model file (.ply, .splat, .spz)"
 
 
 def _add_model_views(parser: argparse.ArgumentParser) -> None:
@@ -344,8 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     view = sub.add_parser("view", help="look at a model in a web browser",
                           description=VIEW_HELP)
-    view.add_argument("model", type=Path, help="a PLY model, or a run folder (its "
-                      "point_cloud.ply, with its scene's cameras and photos)")
+    view.add_argument("model", type=Path, help="a run folder (its point_cloud.ply, with "
+                      "its scene's cameras and photos), or a model file (.ply, .splat, "
+                      ".spz)")
     view.add_argument("--data", default=None, type=_nonempty,
                       help="the scene whose cameras and photos to show (default: a run "
                            "folder's own; none for a PLY)")

@@ -39,8 +39,8 @@ from splatscale.messages import held, muted, notice
 from splatscale.threads import use_threads
 from splatscale.model.gaussians import GaussianModel
 from splatscale.model.orientation import camera_axes, cameras_up, look_at_point, most_typical
-from splatscale.model.files import read_model
-from splatscale.model.ply import read_extras, read_ply, write_ply, write_splat
+from splatscale.model.files import is_ply, read_model
+from splatscale.model.ply import read_extras, write_ply, write_splat
 from splatscale.model.spz import write_spz
 from splatscale.render import cuda_backend, render as render_view
 from splatscale.render.kernel_cache import kernels_cached
@@ -470,7 +470,7 @@ class Views(NamedTuple):
 
 def _views(args: Namespace) -> Views:
     model_file, record = model_of(args.model)
-    model = read_ply(model_file)
+    model = read_model(model_file).model
     _read_as_run(args, record)
     scene = _scene(args)
     ids = _split_ids(scene, args.split, record)
@@ -559,17 +559,18 @@ def evaluate(args: Namespace) -> None:
 
 
 def export(args: Namespace) -> None:
-    """Rewrite a model; never over its own input. A PLY keeps the input's extra vertex
-    properties; a format with no place for them says which it dropped."""
+    """Rewrite a model of any format we read; never over its own input. A PLY keeps a
+    PLY's extra vertex properties and its up direction; a format with no place for
+    them says which it dropped."""
     source, _ = model_of(args.model)
-    model = read_ply(source)
-    extras = read_extras(source)
+    model, up = read_model(source)
+    extras = read_extras(source) if is_ply(source) else None
     output = _export_path(args, source)
     if args.format == "ply":
-        write_ply(model, output, extras)
+        write_ply(model, output, extras, up)
     else:
         (write_splat if args.format == "splat" else write_spz)(model, output)
-        if extras.dtype.names:
+        if extras is not None and extras.dtype.names:
             notice(f"{output}: the .{args.format} format has no place for {source}'s "
                    f"extra properties, dropped: {', '.join(extras.dtype.names)}")
     print(f"wrote {output}")
@@ -586,7 +587,7 @@ def _export_path(args: Namespace, source: Path) -> Path:
     if output.resolve() == source.resolve():
         raise SplatscaleError(f"{said}: is the input model; choose another file"
                               if args.output is not None else
-                              f"--format ply: {source} is a PLY in that layout already")
+                              f"--format {args.format}: {source} is one already")
     if os.path.lexists(output) and not args.overwrite:
         raise SplatscaleError(f"{said}: exists; --overwrite replaces it")
     return output

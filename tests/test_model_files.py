@@ -143,3 +143,15 @@ def test_view_refuses_an_unreadable_model_in_one_line(tmp_path, capfd):
     assert "33 bytes is not a whole number of 32-byte splats" in err[2]
     assert "0 bytes" in err[3] and "does not begin with 'ply'" in err[4]
     assert "not a 3DGS PLY file (element 'vertex': row 0: early end-of-file)" in err[5]
+
+
+def test_export_converts_any_model_file_keeping_its_up(tmp_path, capsys):
+    model = random_model(30, dtype=torch.float32)
+    write_ply(model, tmp_path / "model.ply", up=np.array([0.0, 0.0, 1.0]))
+    assert main(["export", str(tmp_path / "model.ply"), "--format", "spz"]) == 0
+    assert main(["export", str(tmp_path / "model.spz"), "--format", "ply", "-o",
+                 str(tmp_path / "back.ply")]) == 0
+    assert len(read_model(tmp_path / "back.ply").model) == 30
+    assert main(["export", str(tmp_path / "model.ply"), "--format", "ply", "-o",
+                 str(tmp_path / "copy.ply")]) == 0
+    assert read_model(tmp_path / "copy.ply").up == pytest.approx([0.0, 0.0, 1.0])

@@ -81,3 +81,4 @@ def test_render_orbit_writes_a_video_of_the_model_turning(tmp_path, capsys):
     assert np.abs(frames[0] - frames[3]).mean() > 5, "half a turn later it looks otherwise"
     assert main(["render", str(run), "--orbit", "--split", "test", *cache]) == 2
     assert "--split test: not with --orbit" in capsys.readouterr().err
+

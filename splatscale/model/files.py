@@ -18,10 +18,16 @@ class ModelFile(NamedTuple):
     up: np.ndarray | None  # the world's up direction, where the file records it (our PLYs)
 
 
+OTHER_FORMATS = {".splat": read_splat, ".spz": read_spz}
+
+
+def is_ply(path: Path) -> bool:
+    """Whether ``path`` is read as a PLY (any name but the other formats')."""
+    return path.suffix.lower() not in OTHER_FORMATS
+
+
 def read_model(path: Path) -> ModelFile:
-    suffix = path.suffix.lower()
-    if suffix == ".splat":
-        return ModelFile(read_splat(path), None)
-    if suffix == ".spz":
-        return ModelFile(read_spz(path), None)
+    read = OTHER_FORMATS.get(path.suffix.lower())
+    if read is not None:
+        return ModelFile(read(path), None)
     return ModelFile(read_ply(path), recorded_up(path))
