@@ -232,10 +232,12 @@ def test_view_stops_while_it_reads_a_colmap_scene(tmp_path, stop):
 
 
 @pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.name)
-def test_view_of_a_colmap_scene_ends_quietly_on_a_stop(tmp_path, stop):
-    """Serving, a stop is how the viewer is meant to end: quietly, exit status 0."""
+def test_view_of_a_colmap_scene_stops_as_every_command_does(tmp_path, stop):
+    """Serving, as while it reads the scene: a stop, the viewer's only way to end,
+    is said as one (exit status 130), never as a success."""
     command, _ = started_view(tmp_path)
     code, stderr = command.stopped_when(command.says("(Ctrl-C to stop)"), stop)
     assert_no_stack_dump(stderr)
-    assert code == 0, stderr
-    assert [line for line in on_a_terminal(stderr) if "viewing" not in line] == [], stderr
+    assert code == 130, stderr
+    assert [line for line in on_a_terminal(stderr)
+            if "viewing" not in line] == ["splatscale: interrupted"], stderr
