@@ -65,6 +65,22 @@ def interrupt(signum: int, frame) -> None:
     raise KeyboardInterrupt
 
 
+def interruption(error: BaseException) -> bool:
+    """Whether ``error`` is a stop signal's KeyboardInterrupt, however a library wrapped
+    it: numba turns one raised as a kernel calls back into Python (to box its result)
+    into a SystemError, whose cause is the KeyboardInterrupt."""
+    pending, seen = [error], set()
+    while pending:
+        link = pending.pop()
+        if link is None or id(link) in seen:
+            continue
+        if isinstance(link, KeyboardInterrupt):
+            return True
+        seen.add(id(link))
+        pending += [link.__cause__, link.__context__]
+    return False
+
+
 # What gloo says when a peer process has gone or stopped answering.
 _LOST_PEER = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
               "Timed out", "timed out", "Socket closed")
@@ -93,7 +109,7 @@ def _report(error: BaseException, me: int | None) -> int:
     if me is not None and lost_peer(error):
         return QUIET_EXIT
     prefix = f"rank {me}: " if me is not None else ""
-    if isinstance(error, KeyboardInterrupt) or _signalled:
+    if interruption(error) or _signalled:
         if me in (None, 0):
             say("interrupted")
             return 130

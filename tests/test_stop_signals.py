@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -28,6 +29,7 @@ import splatscale
 from splatscale.folder_lock import LOCK_NAME
 from splatscale.model.ply import write_ply
 from splatscale.native import TAKE_SIGNALS_OVER, load_keeping_stop_signals
+from splatscale.train.trainer import REPEAT_WINDOW
 from tests.conftest import HANG_GUARD, data_path, random_model, wait_until
 from tests.test_bad_input import on_a_terminal
 
@@ -39,18 +41,17 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/maps").exists(),
 
 
 class Command:
-    """``python -m splatscale ARGS``, its stderr read as it comes."""
+    """``python -m splatscale ARGS``, its stdout and stderr read as they come."""
 
     def __init__(self, *args: str) -> None:
         self.process = subprocess.Popen([sys.executable, "-m", "splatscale", *args],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.said = bytearray()
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        while chunk := os.read(self.process.stderr.fileno(), 4096):
-            self.said += chunk
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.said, self.printed = bytearray(), bytearray()
+        self.readers = [threading.Thread(target=_read, args=(stream, into), daemon=True)
+                        for stream, into in ((self.process.stderr, self.said),
+                                             (self.process.stdout, self.printed))]
+        for reader in self.readers:
+            reader.start()
 
     @property
     def stderr(self) -> str:
@@ -64,14 +65,24 @@ class Command:
 
     def stopped_when(self, seen: Callable[[], bool], signum: int) -> tuple[int, str]:
         """Send ``signum`` as soon as ``seen()``; the exit status and all of stderr."""
+        self.signal_when(seen, signum)
+        code = self.process.wait(timeout=HANG_GUARD)
+        for reader in self.readers:
+            reader.join(HANG_GUARD)
+        return code, self.stderr
+
+    def signal_when(self, seen: Callable[[], bool], signum: int) -> None:
+        """Send ``signum`` as soon as ``seen()``, the command still running."""
         def moment() -> bool:
             assert self.process.poll() is None, f"ended before the moment:\n{self.stderr}"
             return seen()
         wait_until(moment, "the moment to stop it", every=0.01)
         self.process.send_signal(signum)
-        code = self.process.wait(timeout=HANG_GUARD)
-        self.reader.join(HANG_GUARD)
-        return code, self.stderr
+
+
+def _read(stream, into: bytearray) -> None:
+    while chunk := os.read(stream.fileno(), 4096):
+        into += chunk
 
 
 def assert_no_stack_dump(stderr: str) -> None:
@@ -154,6 +165,41 @@ def test_every_import_of_them_goes_through_native():
             direct += [f"{source.relative_to(package)}: {name}" for name in names
                        if name.split(".")[0] in TAKE_SIGNALS_OVER]
     assert not direct, "\n".join(direct)
+
+
+@pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.name)
+def test_a_stop_in_a_numba_kernel_is_said_as_one(stop):
+    """A run's second stop, which stops it at once, lands where it may: in a numba
+    kernel, numba turns its KeyboardInterrupt, raised as the kernel calls back into
+    Python (to box the arrays it returns, as the tile binning's does), into a
+    SystemError caused by it. It is said as the stop it is, not as a bug."""
+    ran = python(f"""
+        import ctypes, os, sys
+        import numba, numpy as np
+        from splatscale.errors import run_reported
+        from splatscale.train import trainer
+
+        kill = ctypes.CDLL(None).kill
+        kill.argtypes = (ctypes.c_int, ctypes.c_int)
+
+        @numba.njit
+        def kernel(pid, signum):
+            if signum:
+                kill(pid, signum)  # the stop arrives as the kernel runs
+            return np.empty(1, np.uint8), np.zeros(1, np.int64)
+
+        def training():
+            kernel(0, 0)  # compiled, and its first call (which boxes otherwise) made
+            trainer.REPEAT_WINDOW = 0.0  # any second stop comes after the first's window
+            with trainer._stop_after_step():
+                os.kill(os.getpid(), {int(stop)})  # the first: finish the step
+                kernel(os.getpid(), {int(stop)})  # the second: stop at once
+
+        sys.exit(run_reported(training))
+        """)
+    assert_no_stack_dump(ran.stderr)
+    assert ran.returncode == 130, ran.stderr
+    assert on_a_terminal(ran.stderr)[1:] == ["splatscale: interrupted"], ran.stderr
 
 
 # -- the commands ----------------------------------------------------------------------
@@ -241,3 +287,34 @@ def test_view_of_a_colmap_scene_stops_as_every_command_does(tmp_path, stop):
     assert code == 130, stderr
     assert [line for line in on_a_terminal(stderr)
             if "viewing" not in line] == ["splatscale: interrupted"], stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.name)
+def test_a_second_stop_ends_training_at_once(tmp_path, stop):
+    """The second stop, more than ``REPEAT_WINDOW`` after the first, lands inside the
+    step (in a numba kernel as often as not) unless the step has ended by then: one
+    line, exit status 130, the last checkpoint whole."""
+    out = tmp_path / "run"
+    # Whole images: a step of 32 lasts seconds, of which the kernels take the most.
+    command = Command("train", str(SNOWMIKU), "-o", str(out), "--batch-size", "32",
+                      "--iterations", "100000", "--checkpoint-every", "32",
+                      "--cache-dir", str(tmp_path / "cache"), "--quiet")
+    command.signal_when((out / "checkpoint.pt").exists, stop)  # the next step under way
+    wait_until(command.says("finishing this step"), "the first stop taken", every=0.01)
+    first = time.monotonic()
+    # The window is the rule's, not a guess at a moment: a second stop within it is the
+    # first one arriving again (torchrun passes a terminal's Ctrl-C on as SIGTERM).
+    wait_until(lambda: (time.monotonic() - first > REPEAT_WINDOW
+                        or command.process.poll() is not None),
+               "the first stop's window to pass", every=0.01)
+    command.process.send_signal(stop)  # nothing, where the step ended and it stopped
+    code = command.process.wait(timeout=HANG_GUARD)
+    for reader in command.readers:
+        reader.join(HANG_GUARD)
+    assert_no_stack_dump(command.stderr)
+    assert code == 130, command.stderr
+    last = on_a_terminal(command.stderr)[-1]
+    assert last == "splatscale: interrupted" or "checkpoint.pt is saved" in last, last
+    assert torch.load(out / "checkpoint.pt", weights_only=False)["trainer"]["images_seen"] >= 32
+    assert not (out / LOCK_NAME).exists()
