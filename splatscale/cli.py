@@ -38,6 +38,7 @@ CAMERA_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV
 MAX_THREADS = int(os.environ.get("NUMBA_NUM_THREADS") or os.cpu_count() or 1)
 # Local ranks share the machine's cores: more ranks than cores only contend for them.
 MAX_LOCAL_RANKS = usable_cores()
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -367,21 +368,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command ``argv`` says; its exit status. Without ``argv`` this is the
+    process's own command (the ``splatscale`` script, ``python -m splatscale``, a
+    rank), which also settles how the process ends (``_end_process``); called with
+    ``argv`` from Python, it leaves the caller's signal handlers as it found them."""
+    owns_process = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.argv = argv  # what --nproc's ranks run
     # torch's C++ side logs a failed connection or a closed peer as it raises it; the
     # Python error that follows is reported in one line (read before torch loads).
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+    found = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    for signum, handler in found.items():
+        if handler in (signal.SIG_DFL, signal.default_int_handler):
             # Until training takes them over, both stop quietly.
             signal.signal(signum, interrupt)
     code = run_reported(lambda: _run(args))
-    if code in (130, QUIET_EXIT) and launch.launched():
-        # A stop signal that cut an import short can leave CPython to end the process
-        # by SIGINT as it exits, which the launcher would read as a rank that said
-        # nothing: a stopped rank that has said its word ends here.
+    if owns_process:
+        return _end_process(code)
+    for signum, handler in found.items():
+        signal.signal(signum, handler)
+    return code
+
+
+def _end_process(code: int) -> int:
+    """End this process with ``code``, which a stop signal can no longer change."""
+    for signum in STOP_SIGNALS:
+        # Python sets the default handlers back as it shuts down, all but ignored
+        # ones: a stop then would end the finished process by the signal.
+        signal.signal(signum, signal.SIG_IGN)
+    if code in (130, QUIET_EXIT):
+        # A KeyboardInterrupt raised in Python that C code ran (pybind11's exec, as
+        # torch loads) leaves CPython to end the process by SIGINT as it exits,
+        # whatever its status, which the launcher and the shell would read as a
+        # command that said nothing: a stopped command that has said its word ends here.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -390,10 +411,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     launch.as_launched_rank()
-    native.load_all()  # first: no other thread is there to run a library's own handler
-    # Imported here, inside main's handlers: Ctrl-C while torch loads is a clean exit too.
-    from splatscale import commands
-    from splatscale.threads import use_threads
+    # Every library loads with the stop signals held (``native.stop_signals_held``
+    # says why); a stop sent meanwhile is taken as they have loaded, quietly as any
+    # stop during start-up.
+    with native.stop_signals_held():
+        native.load_all()  # first: no other thread is there to run a library's own handler
+        from splatscale import commands
+        from splatscale.threads import use_threads
 
     if getattr(args, "threads", None):
         use_threads(args.threads)

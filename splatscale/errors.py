@@ -54,13 +54,18 @@ class StoppedByPeer(Exception):
 
 
 _signalled = False  # a stop signal arrived before training took the signals over
+_ended = False  # the command has ended (``run_reported``): a stop has nothing left to stop
 
 
 def interrupt(signum: int, frame) -> None:
     """A stop signal's handler until training takes them over: stop now, and remember
     why, so that an import the KeyboardInterrupt cut short (numpy's, say, which then
-    fails oddly) reads as the interruption it is, not as a bug."""
+    fails oddly) reads as the interruption it is, not as a bug. Once the command has
+    ended, its outcome stands: the signal passes, and the process ends as it would
+    have (a finished run is not said to be interrupted)."""
     global _signalled
+    if _ended:
+        return
     _signalled = True
     raise KeyboardInterrupt
 
@@ -98,9 +103,15 @@ def lost_peer(error: BaseException) -> bool:
 
 def run_reported(call: Callable[[], int | None]) -> int:
     """``call()``'s exit status, every failure turned into one line on stderr, said
-    by the rank whose failure it is."""
+    by the rank whose failure it is. A stop signal that comes once ``call`` has ended
+    changes nothing (``interrupt``)."""
+    global _ended
+    _ended = False
     try:
-        return call() or 0
+        try:
+            return call() or 0
+        finally:
+            _ended = True
     except (Exception, KeyboardInterrupt) as error:  # noqa: BLE001 - each said as it should be
         return _report(error, rank())
 

@@ -9,7 +9,8 @@ environment, and the signals and exit status of the whole.
   it stops as on Ctrl-C, after a checkpoint.
 - The exit status is that of the rank that failed first and said why
   (``errors.run_reported``); when none did (a rank killed by a signal), the
-  launcher says which rank ended how.
+  launcher says which rank ended how. When every rank finished, it is 0, even
+  if a stop signal came as they ended.
 """
 
 from __future__ import annotations
@@ -120,6 +121,8 @@ def _wait(launch: _Launch) -> list[tuple[int, int]]:
 def _outcome(exits: list[tuple[int, int]], nproc: int, signalled: bool) -> int:
     """The exit status of a launch; a line when no rank said why it ended."""
     codes = [code for _, code in exits]
+    if codes == [0] * nproc:  # every rank finished: a stop that came since changed nothing
+        return 0
     if signalled:
         if 130 not in codes:
             say("interrupted")

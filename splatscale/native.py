@@ -14,6 +14,12 @@ Measured by a SIGTERM sent after the import to a process with a Python handler
 set before it: pycolmap 4.2 takes SIGTERM; torch, numba, viser, av and gsplat take
 neither signal (nor do numba's and torch's thread pools when they start, nor
 viser's server).
+
+A stop must not cut torch's import short either: as it loads, its C++ side calls
+back into Python (pybind11), and a KeyboardInterrupt raised there ends the process
+through std::terminate, with a native dump and no word. So the CLI loads every
+library with the stop signals held (``stop_signals_held``); a stop sent meanwhile
+is taken once they have loaded.
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ from __future__ import annotations
 import importlib
 import signal
 import threading
+from contextlib import contextmanager
 from types import ModuleType
+from typing import Iterator
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 TAKE_SIGNALS_OVER = ("pycolmap",)
@@ -47,11 +55,20 @@ def load_keeping_stop_signals(name: str) -> ModuleType:
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError(f"{name} takes signals over as it loads: load it first from "
                            "the main thread, where Python's handlers can be set again")
+    with stop_signals_held():
+        return importlib.import_module(name)
+
+
+@contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held while the block runs (in the main thread), then Python's
+    handlers for both set again, whatever the block set: a stop sent meanwhile is
+    delivered to Python's handler as the block ends."""
     handlers = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    # Threads the import starts inherit this mask, so they never take a stop signal.
+    # Threads the block starts inherit this mask, so they never take a stop signal.
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        return importlib.import_module(name)
+        yield
     finally:
         for signum, handler in handlers.items():
             if handler is not None:  # None: set outside Python, which cannot set it again

@@ -1,6 +1,6 @@
 """A process that has finished exits: numba's threading layer is chosen so that one
 whose kernels ran from a worker thread (the offload engine's host Adam) does not
-spin at exit, as TBB's can."""
+spin at exit, as TBB's can; a stopped command exits with its own status."""
 
 from __future__ import annotations
 
@@ -49,3 +49,31 @@ def test_the_chosen_layer_exits_and_is_not_tbb():
 @pytest.mark.parametrize("layer", ["omp", "workqueue"])
 def test_a_layer_the_user_names_is_kept(layer):
     assert ran({"NUMBA_THREADING_LAYER": layer}) == layer
+
+
+# A command whose start-up a stop cut short inside Python that C code ran: PyRun_String,
+# as pybind11's exec runs it while torch loads.
+STOPPED_IN_C = """
+import ctypes, sys
+from splatscale import cli, native
+
+def stopped_in_c():
+    run = ctypes.pythonapi.PyRun_String
+    run.argtypes = (ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object)
+    run.restype = ctypes.py_object
+    run(b"raise KeyboardInterrupt", 257, {}, {})  # 257: Py_file_input
+
+native.load_all = stopped_in_c
+sys.exit(cli.main())
+"""
+
+
+def test_a_stopped_command_exits_with_its_status(tmp_path):
+    """After a KeyboardInterrupt raised in Python that C code ran, CPython ends a
+    ``python -m`` process (as ranks and torchrun run it) by SIGINT as it exits,
+    whatever its status: a stopped command that has said its line exits 130."""
+    (tmp_path / "stopped_in_c.py").write_text(STOPPED_IN_C)
+    ran = subprocess.run([sys.executable, "-m", "stopped_in_c", "export", "missing.ply",
+                          "--format", "splat"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=HANG_GUARD)
+    assert (ran.returncode, ran.stderr) == (130, "splatscale: interrupted\n")

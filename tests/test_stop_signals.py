@@ -1,11 +1,13 @@
 """A stop is clean wherever it lands: SIGTERM ends a command as Ctrl-C does (one
 line, exit status 130, no lock left), also once pycolmap is loaded, whose glog takes
-SIGTERM over as it loads (``splatscale/native.py``).
+SIGTERM over as it loads, and while torch loads, whose C++ start-up cannot take a
+KeyboardInterrupt (``splatscale/native.py``); a second stop inside a numba kernel
+too. A stop after a command has ended changes nothing.
 
 Each signal is sent at a moment the test sees happen (a stage's progress bar or a
-line on stderr, the folder's lock file, an image in the cache, pycolmap's library
-mapped into the process), never after a sleep; the timeouts only guard against a
-hang."""
+line on stderr or stdout, the folder's lock file or checkpoint, an image in the
+cache, a library mapped into the process), never after a sleep; the timeouts only
+guard against a hang."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import pytest
 import torch
 
 import splatscale
+from splatscale import launch
 from splatscale.folder_lock import LOCK_NAME
 from splatscale.model.ply import write_ply
 from splatscale.native import TAKE_SIGNALS_OVER, load_keeping_stop_signals
@@ -60,8 +63,11 @@ class Command:
     def says(self, text: str) -> Callable[[], bool]:
         return lambda: text in self.stderr
 
-    def has_loaded_pycolmap(self) -> bool:
-        return b"pycolmap/_core" in Path(f"/proc/{self.process.pid}/maps").read_bytes()
+    def has_printed_its_result(self) -> bool:
+        return self.printed.endswith(b"\n")
+
+    def has_loaded(self, library: bytes) -> Callable[[], bool]:
+        return lambda: library in Path(f"/proc/{self.process.pid}/maps").read_bytes()
 
     def stopped_when(self, seen: Callable[[], bool], signum: int) -> tuple[int, str]:
         """Send ``signum`` as soon as ``seen()``; the exit status and all of stderr."""
@@ -167,6 +173,39 @@ def test_every_import_of_them_goes_through_native():
     assert not direct, "\n".join(direct)
 
 
+def test_every_library_loads_with_the_stop_signals_held():
+    """torch's C++ start-up calls back into Python, where a stop's KeyboardInterrupt
+    ends the process through std::terminate, with a native dump: every library that
+    a command loads begins to load with both stop signals held."""
+    ran = python("""
+        import signal, sys
+        from splatscale.cli import main
+
+        held = {}
+
+        class Watch:  # notes, as each library begins to load, whether the stops are held
+            def find_spec(self, name, path=None, target=None):
+                if name in ("torch", "numba", "pycolmap", "scipy") and name not in held:
+                    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+                    held[name] = {signal.SIGINT, signal.SIGTERM} <= blocked
+                return None
+
+        sys.meta_path.insert(0, Watch())
+        main(["export", "missing.ply", "--format", "splat"])
+        print(sorted(held.items()))
+        """)
+    assert ran.stdout == ("[('numba', True), ('pycolmap', True), ('scipy', True), "
+                          "('torch', True)]\n"), ran.stderr
+
+
+def test_a_launch_whose_ranks_all_finished_has_finished():
+    """A stop that reaches the launcher as its ranks end changes nothing where every
+    one had finished (a rank lets a stop pass once its command has ended): status 0,
+    and no line; where one stopped, that rank said so, and the launch is a stop."""
+    assert launch._outcome([(1, 0), (0, 0)], 2, signalled=True) == 0
+    assert launch._outcome([(1, 0), (0, 130)], 2, signalled=True) == 130
+
+
 @pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.name)
 def test_a_stop_in_a_numba_kernel_is_said_as_one(stop):
     """A run's second stop, which stops it at once, lands where it may: in a numba
@@ -243,7 +282,16 @@ def started_train(tmp_path: Path) -> tuple[Command, Path]:
 def test_train_stops_as_pycolmap_loads(tmp_path, stop):
     """pycolmap is the first thing a command loads: a stop during its load waits."""
     command, out = started_train(tmp_path)
-    assert_stopped_as_ctrl_c(*command.stopped_when(command.has_loaded_pycolmap, stop))
+    assert_stopped_as_ctrl_c(*command.stopped_when(command.has_loaded(b"pycolmap/_core"), stop))
+    assert not (out / LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.name)
+def test_train_stops_as_torch_loads(tmp_path, stop):
+    """The stop waits until the libraries have loaded (torch's C++ start-up cannot take
+    it), then ends the command as at any moment of start-up."""
+    command, out = started_train(tmp_path)
+    assert_stopped_as_ctrl_c(*command.stopped_when(command.has_loaded(b"libtorch"), stop))
     assert not (out / LOCK_NAME).exists()
 
 
@@ -287,6 +335,31 @@ def test_view_of_a_colmap_scene_stops_as_every_command_does(tmp_path, stop):
     assert code == 130, stderr
     assert [line for line in on_a_terminal(stderr)
             if "viewing" not in line] == ["splatscale: interrupted"], stderr
+
+
+@pytest.mark.parametrize("nproc, stop", [(1, signal.SIGTERM), (1, signal.SIGINT),
+                                         (2, signal.SIGTERM)], ids=lambda v: str(v))
+def test_a_stop_after_the_run_has_ended_changes_nothing(tmp_path, nproc, stop):
+    """Its result printed, a run has ended; a stop as its processes exit (Python sets
+    the default handlers back as it shuts down) neither kills one nor says anything:
+    exit status 0. Only a stop that beats the command's return by the instants after
+    the print is still a stop (status 130, its line): never a signal's death."""
+    out = tmp_path / "run"
+    command = Command("train", str(SNOWMIKU), "-o", str(out), "--resolution", "8",
+                      "--iterations", "2", "--nproc", str(nproc),
+                      "--cache-dir", str(tmp_path / "cache"), "--quiet")
+    wait_until(lambda: command.has_printed_its_result() or command.process.poll() is not None,
+               "the run's result", every=0.01)
+    command.process.send_signal(stop)  # nothing, where it has exited already
+    code = command.process.wait(timeout=HANG_GUARD)
+    for reader in command.readers:
+        reader.join(HANG_GUARD)
+    stderr = command.stderr
+    assert_no_stack_dump(stderr)
+    assert command.printed.startswith(b"{"), stderr
+    assert ((code == 0 and "interrupted" not in stderr)
+            or (code == 130 and on_a_terminal(stderr)[-1] == "splatscale: interrupted")), stderr
+    assert (out / "report.json").exists() and not (out / LOCK_NAME).exists()
 
 
 @pytest.mark.slow
