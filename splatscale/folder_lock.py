@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import socket
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +22,7 @@ from splatscale.errors import SplatscaleError
 from splatscale.messages import notice
 
 LOCK_NAME = ".splatscale.lock"
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 @contextmanager
@@ -53,23 +55,39 @@ def _locked(folder: Path) -> Iterator[None]:
     """Hold the folder's lock file: an exclusive ``flock`` on it (which the kernel
     releases when its holder ends, however it ends), naming this process inside. A
     file naming a process that is still alive, or one on another host, is another
-    writer's even without its flock (a run of an earlier version)."""
+    writer's even without its flock (a run of an earlier version). A stop signal
+    waits until the lock is both taken and sure to be removed again."""
     path = folder / LOCK_NAME
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        fd = _taken(path)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # while flocked: no one takes it meanwhile
+        os.close(fd)
+
+
+def _taken(path: Path) -> int:
+    """The lock file at ``path`` flocked, checked and written with this process' name:
+    its descriptor."""
     fd = _flocked(path)
     try:
         owner = _lock_owner(path)
         if owner is not None:
             if _alive(*owner):
-                raise SplatscaleError(_held_by(folder, owner))
+                raise SplatscaleError(_held_by(path.parent, owner))
             notice(f"{path}: taking over the lock of process {owner[0]}, which has ended")
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
-        try:
-            yield
-        finally:
-            path.unlink(missing_ok=True)  # while flocked: no one takes it meanwhile
-    finally:
+    except BaseException:
         os.close(fd)
+        raise
+    return fd
 
 
 def _flocked(path: Path) -> int:
