@@ -1,5 +1,5 @@
 """`splatscale prepare`: photos and video to a COLMAP scene whose cameras match the
-known ones, resumable, and one line for each bad input."""
+known ones, resumable, stopped cleanly, and one line for each bad input."""
 
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ from PIL import Image
 
 from splatscale.cli import main
 from splatscale.data import load_scene
+from splatscale.folder_lock import LOCK_NAME
 from splatscale.prepare.alignment import pose_errors, similarity
 from splatscale.prepare.frames import sharpness
 from splatscale.prepare.photos import ORIENTATION, inspect_photo, write_photo
 from splatscale.prepare.sfm import image_pairs
 from bench.scenes import write_video
 from tests.conftest import data_path
-from tests.test_bad_input import assert_clean_error
+from tests.test_bad_input import assert_clean_error, on_a_terminal
 from tests.test_refused_runs import snapshot
+from tests.test_stop_signals import STOPS, Command, assert_no_stack_dump
 
 SNOWMIKU = data_path("snowmiku")
 EVERY = 3  # every 3rd of snowmiku's 97 views (495 x 371, 1/8 of the capture's): 33
@@ -79,6 +81,36 @@ def test_running_again_reuses_features_and_matches(prepared, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["reused"] == {"images": True, "features": 33, "pairs": 33 * 32 // 2}
     assert report["registered"] == 33
+
+
+def copy_of(scene: Path, tmp_path: Path) -> Path:
+    """A copy of the module's scene, to continue without changing it."""
+    copy = tmp_path / "scene"
+    shutil.copytree(scene, copy)
+    return copy
+
+
+@pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.name)
+def test_a_stop_in_the_mapper_waits_for_it(prepared, tmp_path, stop):
+    """The mapper runs in a worker thread: the stop cancels it and waits for it to end,
+    as a process that exits while it runs aborts with glog's stack dump."""
+    photos, scene, _ = prepared
+    scene = copy_of(scene, tmp_path)
+    before = kept_by_a_stop(scene)
+    command = Command("prepare", str(photos), "-o", str(scene))  # bars: the stages seen
+    code, stderr = command.stopped_when(command.says("mapping (incremental)"), stop)
+    assert_no_stack_dump(stderr)
+    assert code == 130, stderr
+    said = [line for line in on_a_terminal(stderr) if "reusing" not in line]
+    assert said == ["splatscale: interrupted"], stderr
+    assert not (scene / LOCK_NAME).exists() and kept_by_a_stop(scene) == before
+
+
+def kept_by_a_stop(scene: Path) -> dict:
+    """``snapshot`` less the database, whose header pycolmap rewrites as it opens it,
+    and the mapper's scratch folder, which a stop as it is made can leave."""
+    return {path: data for path, data in snapshot(scene).items()
+            if path != "database.db" and not path.startswith(".mapping.")}
 
 
 @pytest.mark.parametrize("change", ["added", "removed", "changed"])

@@ -4,7 +4,7 @@ Every stage writes to one COLMAP database and skips what it already holds (an
 image's features, a pair's matches), so running again after a stop goes on
 where it stopped. Features are extracted and pairs matched in small batches,
 which gives progress and lets Ctrl-C stop between batches; mapping runs in a
-worker thread that a Ctrl-C cancels.
+worker thread that a Ctrl-C cancels and waits for.
 """
 
 from __future__ import annotations
@@ -157,29 +157,51 @@ def map_scene(database: Path, images: Path, output: Path, settings: SfmSettings,
 
 def _cancellable(call: Callable, cancels: bool = True):
     """``call(token)`` in a worker thread, so that Ctrl-C reaches this one: it cancels
-    the token, waits for the worker to stop (if ``call`` heeds the token), and goes on
-    with the KeyboardInterrupt."""
+    the token, waits for the worker to leave pycolmap (if ``call`` heeds the token),
+    and goes on with the KeyboardInterrupt: a process that exits while the worker is
+    in pycolmap aborts with a native stack dump, as its pycolmap frames meet Python's
+    shutdown. A stop may come as the worker starts, so the worker enters pycolmap only
+    while it holds ``entered`` and the token is not cancelled."""
     from splatscale.native import pycolmap
 
     token = pycolmap.CancellationToken()
     outcome: dict = {}
+    entered = threading.Lock()
+    finished = threading.Event()
 
     def work() -> None:
         try:
-            outcome["result"] = call(token)
+            with entered:
+                if not token.is_cancelled:
+                    outcome["result"] = call(token)
         except BaseException as error:  # handed to the waiting thread
             outcome["error"] = error
+        finally:
+            finished.set()
 
-    worker = threading.Thread(target=work, daemon=True)
-    worker.start()
     try:
-        while worker.is_alive():
-            worker.join(0.2)
+        threading.Thread(target=work, daemon=True).start()
+        while not finished.wait(0.2):  # a signal that another thread takes wakes no wait
+            pass
     except KeyboardInterrupt:
         token.cancel()
         if cancels:
-            worker.join()
+            _wait_out(entered)
         raise
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
+
+
+def _wait_out(entered: threading.Lock) -> None:
+    """Wait until the worker is out of pycolmap, through further stop signals (the stop
+    they ask for is under way): once this thread has held ``entered``, the worker has
+    left, or will find the token cancelled. A lock rather than Thread.join: Python
+    3.11's join, cut short by a signal, marks the thread it waits for as ended while it
+    still runs (bpo-45274's fix), and a second join returns at once."""
+    while True:
+        try:
+            with entered:
+                return
+        except KeyboardInterrupt:
+            continue
