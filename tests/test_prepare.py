@@ -1,5 +1,6 @@
 """`splatscale prepare`: photos and video to a COLMAP scene whose cameras match the
-known ones, resumable, stopped cleanly, and one line for each bad input."""
+known ones, resumable (keeping the user's files in the scene), stopped cleanly, and one
+line for each bad input."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from splatscale.folder_lock import LOCK_NAME
 from splatscale.prepare.alignment import pose_errors, similarity
 from splatscale.prepare.frames import sharpness
 from splatscale.prepare.photos import ORIENTATION, inspect_photo, write_photo
+from splatscale.prepare.scene_folder import MAPPING_SCRATCH, MODEL_FILES
 from splatscale.prepare.sfm import image_pairs
 from bench.scenes import write_video
 from tests.conftest import data_path
@@ -72,6 +74,7 @@ def test_photos_make_a_scene_whose_cameras_match_the_known_ones(prepared):
         assert (scene / "images" / photo.name).read_bytes() == photo.read_bytes()
     sources = json.loads((scene / "prepare.json").read_text())["sources"]
     assert sorted(sources) == sorted(p.name for p in photos.iterdir())
+    assert sorted(p.name for p in (scene / "sparse" / "0").iterdir()) == sorted(MODEL_FILES)
     assert_close_to_known(poses(load_scene(scene)), 33)
 
 
@@ -88,6 +91,29 @@ def copy_of(scene: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "scene"
     shutil.copytree(scene, copy)
     return copy
+
+
+USERS_FILES = ("images/my_mask.png", "sparse/0/my_extra.txt", "sparse/1/notes.txt")
+
+
+def test_continuing_rewrites_a_removed_image_and_keeps_the_users_files(prepared, tmp_path,
+                                                                         capsys):
+    photos, scene, _ = prepared
+    scene = copy_of(scene, tmp_path)
+    removed = sorted((scene / "images").iterdir())[3]
+    kept = removed.read_bytes()
+    removed.unlink()
+    for name in USERS_FILES:
+        (scene / name).parent.mkdir(exist_ok=True)
+        (scene / name).write_text(f"the user's {name}")
+    assert main(["prepare", str(photos), "-o", str(scene), "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["reused"] == {"images": False, "features": 33, "pairs": 33 * 32 // 2}
+    assert report["registered"] == 33 and removed.read_bytes() == kept
+    for name in USERS_FILES:
+        assert (scene / name).read_text() == f"the user's {name}"
+    assert sorted(p.name for p in (scene / "sparse" / "0").iterdir()) == sorted(
+        (*MODEL_FILES, "my_extra.txt"))
 
 
 @pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.name)
@@ -108,9 +134,10 @@ def test_a_stop_in_the_mapper_waits_for_it(prepared, tmp_path, stop):
 
 def kept_by_a_stop(scene: Path) -> dict:
     """``snapshot`` less the database, whose header pycolmap rewrites as it opens it,
-    and the mapper's scratch folder, which a stop as it is made can leave."""
+    and the mapper's scratch folder, which a stop as it is made can leave (the next run
+    clears it)."""
     return {path: data for path, data in snapshot(scene).items()
-            if path != "database.db" and not path.startswith(".mapping.")}
+            if path != "database.db" and not path.startswith(MAPPING_SCRATCH)}
 
 
 @pytest.mark.parametrize("change", ["added", "removed", "changed"])

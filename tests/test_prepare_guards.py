@@ -16,7 +16,7 @@ from splatscale.cli import main
 from splatscale.prepare.frames import extract_frames
 from splatscale.prepare.photos import ORIENTATION, inspect_photo, write_photo
 from splatscale.prepare.pipeline import Request, check_inputs
-from splatscale.prepare.scene_folder import SceneFolder, source_record
+from splatscale.prepare.scene_folder import MODEL_FILES, SceneFolder, source_record
 from splatscale.prepare.sfm import SfmSettings
 from bench.scenes import write_video
 from tests.test_bad_input import assert_clean_error
@@ -99,6 +99,74 @@ def test_clearing_removes_what_prepare_wrote_and_nothing_it_links_to(tmp_path):
     SceneFolder(scene).clear()
     assert sorted(p.name for p in scene.iterdir()) == [".notes"]
     assert {name: snapshot(tmp_path / name) for name in kept} == kept
+
+
+def made_by_prepare(scene: Path) -> Path:
+    """``made_scene`` with the model files pycolmap writes and a manifest naming its
+    images, as prepare leaves a scene."""
+    made_scene(scene)
+    for name in MODEL_FILES:
+        (scene / "sparse" / "0" / name).write_bytes(b"model")
+    names = sorted(path.name for path in (scene / "images").iterdir())
+    (scene / "prepare.json").write_text(json.dumps(
+        {"settings": {"input": "elsewhere"}, "cameras": [names], "sequences": [names]}))
+    return scene
+
+
+USERS_FILES = ("images/my_mask.png", "sparse/0/my_extra.txt", "sparse/1/notes.txt")
+
+
+def add_users_files(scene: Path) -> None:
+    for name in USERS_FILES:
+        (scene / name).parent.mkdir(exist_ok=True)
+        (scene / name).write_text(f"the user's {name}")
+
+
+def assert_users_files_kept(scene: Path) -> None:
+    for name in USERS_FILES:
+        assert (scene / name).read_text() == f"the user's {name}"
+
+
+def test_clearing_keeps_the_users_files_and_says_so(tmp_path, capsys):
+    scene = made_by_prepare(tmp_path / "scene")
+    add_users_files(scene)
+    (scene / ".mapping.x1y2").mkdir()  # the mapper's scratch, left by a run killed outright
+    SceneFolder(scene).clear()
+    assert sorted(str(p.relative_to(scene)) for p in scene.rglob("*")) == sorted(
+        ("images", "sparse", "sparse/0", "sparse/1", *USERS_FILES))
+    assert_users_files_kept(scene)
+    assert capsys.readouterr().err.splitlines() == [
+        f"splatscale: {scene}: --overwrite kept what prepare did not write: "
+        + ", ".join(USERS_FILES)]
+
+
+def test_publishing_replaces_only_prepares_own_files(tmp_path):
+    """Continued, prepare writes its images and model over the earlier ones, and removes
+    only those of its earlier files that the new ones do not replace."""
+    scene = made_by_prepare(tmp_path / "scene")
+    add_users_files(scene)
+    folder = SceneFolder(scene)
+    manifest = json.loads(folder.manifest.read_text())
+    old, *same = manifest["cameras"][0]
+    folder.staged_images.mkdir()
+    for name in (*same, "new.jpg"):
+        (folder.staged_images / name).write_bytes(b"written again")
+    written = {"cameras": [[*same, "new.jpg"]], "sequences": [[*same, "new.jpg"]]}
+    folder.publish_images(manifest, written)
+    assert not (folder.images / old).exists() and not folder.staged_images.exists()
+    for name in (*same, "new.jpg"):
+        assert (folder.images / name).read_bytes() == b"written again"
+    assert json.loads(folder.manifest.read_text())["cameras"] == written["cameras"]
+
+    class Model:  # pycolmap's Reconstruction, as publish_model uses it
+        def write(self, path: str) -> None:
+            for name in MODEL_FILES[:-1]:  # one fewer than the earlier model's
+                (Path(path) / name).write_bytes(b"new model")
+    folder.publish_model(Model())
+    assert {p.name: p.read_bytes() for p in folder.model.iterdir()} == {
+        **{name: b"new model" for name in MODEL_FILES[:-1]},
+        "my_extra.txt": b"the user's sparse/0/my_extra.txt"}
+    assert_users_files_kept(scene)
 
 
 def test_frames_of_two_videos_of_one_name_stay_apart(tmp_path):

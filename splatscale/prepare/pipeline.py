@@ -24,7 +24,8 @@ from splatscale.folder_lock import locked_folder
 from splatscale.messages import held, notice
 from splatscale.prepare.frames import count_frames, extract_frames
 from splatscale.prepare.photos import Photo, check_names, inspect_photo, write_photo
-from splatscale.prepare.scene_folder import STAGING_IMAGES, SceneFolder, source_record
+from splatscale.prepare.scene_folder import (MAPPING_SCRATCH, SceneFolder, image_names,
+                                             source_record)
 from splatscale.prepare.sfm import (SfmSettings, extract_features, image_pairs, map_scene,
                                     match_features, quiet_logs)
 from splatscale.data.media import MIN_VIEWS, Sources, a_few, find_sources
@@ -65,7 +66,8 @@ def prepare(request: Request) -> dict:
         if manifest is None:
             folder.clear()
             manifest = {"settings": settings, "sources": inputs.record}
-        folder.clear_partial()
+        else:
+            folder.tidy()
         return _make_scene(request, inputs, folder, manifest)
 
 
@@ -146,12 +148,12 @@ def _make_scene(request: Request, inputs: Inputs, folder: SceneFolder, manifest:
     with _stage(times, "images"):
         reused_images = _images_present(folder, manifest)
         if reused_images:
-            notice(f"reusing the {len(_names(manifest))} images in {folder.images}")
+            notice(f"reusing the {len(image_names(manifest))} images in {folder.images}")
         else:
             folder.write_manifest(manifest)  # first: the folder is prepare's from here
-            manifest.update(_write_images(request, inputs, folder))
-            folder.write_manifest(manifest)
-    names = _names(manifest)
+            folder.publish_images(manifest, _write_images(request, inputs,
+                                                          folder.staged_images))
+    names = image_names(manifest)
     with _stage(times, "features"), _bar(request, total=len(names), desc="features",
                                          unit="image") as bar:
         reused_features = extract_features(folder.database, folder.images, manifest["cameras"],
@@ -167,7 +169,7 @@ def _make_scene(request: Request, inputs: Inputs, folder: SceneFolder, manifest:
     with _stage(times, "mapping"), _bar(request, total=len(names),
                                         desc=f"mapping ({request.sfm.mapper})",
                                         unit="image") as bar, \
-            tempfile.TemporaryDirectory(dir=folder.path, prefix=".mapping.") as scratch:
+            tempfile.TemporaryDirectory(dir=folder.path, prefix=MAPPING_SCRATCH) as scratch:
         models = map_scene(folder.database, folder.images, Path(scratch), request.sfm,
                            bar.update)
         model = max(models.values(), key=lambda m: m.num_reg_images(), default=None)
@@ -182,20 +184,15 @@ def _make_scene(request: Request, inputs: Inputs, folder: SceneFolder, manifest:
     return report
 
 
-def _names(manifest: dict) -> list[str]:
-    return [name for group in manifest.get("cameras", []) for name in group]
-
-
 def _images_present(folder: SceneFolder, manifest: dict) -> bool:
-    names = _names(manifest)
+    names = image_names(manifest)
     return bool(names) and all((folder.images / name).is_file() for name in names)
 
 
-def _write_images(request: Request, inputs: Inputs, folder: SceneFolder) -> dict:
-    """Write the images into a staging folder that becomes ``images/`` once whole:
-    ``cameras`` (groups of names sharing one camera) and ``sequences`` (names in
-    capture order, one list per video; one list of photos)."""
-    staged = folder.path / STAGING_IMAGES
+def _write_images(request: Request, inputs: Inputs, staged: Path) -> dict:
+    """Write the images into the folder ``staged``, whose files are published to
+    ``images/`` once all are written: ``cameras`` (groups of names sharing one camera)
+    and ``sequences`` (names in capture order, one list per video; one list of photos)."""
     staged.mkdir()
     if inputs.photos:
         for photo in _bar(request, inputs.photos, "writing images", "image"):
@@ -211,7 +208,6 @@ def _write_images(request: Request, inputs: Inputs, folder: SceneFolder) -> dict
             sequences = [extract_frames(video, take, total, staged, bar.update)
                          for video, (take, total) in inputs.frames.items()]
         groups = sequences
-    folder.publish_images(staged)
     return {"cameras": groups, "sequences": sequences}
 
 

@@ -6,27 +6,39 @@ was not made by ``prepare`` and is never touched. A folder made from the same
 input files (each one's name, size and mtime, as rsync judges change) with the
 same settings is continued: its images and the database's features and matches
 are reused. Half-written parts are dot-named and cleared before the next run
-writes. Clearing removes the entries named here and nothing else, whatever the
-folder holds.
+writes.
+
+Whatever else the folder holds stays: the user's own files in ``images/`` or
+``sparse/`` are never removed. Clearing and publishing remove only what prepare
+wrote: the images ``prepare.json`` names (it names each before it is put in
+``images/``, and still names it until it is removed), the model files pycolmap
+writes in ``sparse/0``, the database and the manifest.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
 from splatscale.atomic import write_json
 from splatscale.data.media import a_few
 from splatscale.errors import SplatscaleError
+from splatscale.messages import notice
 
 MANIFEST = "prepare.json"
 DATABASE = "database.db"
 DATABASE_ENTRIES = tuple(DATABASE + tail for tail in ("", "-journal", "-wal", "-shm"))  # sqlite's
 ENTRIES = ("images", "sparse", *DATABASE_ENTRIES, MANIFEST)
+# What pycolmap's Reconstruction.write puts in sparse/0 (tests/test_prepare.py checks it).
+MODEL_FILES = ("cameras.bin", "frames.bin", "images.bin", "points3D.bin", "rigs.bin")
 STAGING_IMAGES = ".images.partial"
-STAGING_MODEL, OLD_MODEL = "sparse/.0.partial", "sparse/.old.partial"
-PARTIALS = (STAGING_IMAGES, STAGING_MODEL, OLD_MODEL)
+STAGING_MODEL = "sparse/.0.partial"
+MAPPING_SCRATCH = ".mapping."  # the prefix of the mapper's scratch folders
+# Half-written parts: the staged images and model, the mapper's scratch folders and the
+# manifest's temporary (splatscale.atomic's name), left by a run killed outright.
+PARTIALS = (STAGING_IMAGES, STAGING_MODEL, MAPPING_SCRATCH + "*", f".{MANIFEST}.*.tmp")
 IMAGE_FIELDS = ("cameras", "sequences")
 AFRESH = "--overwrite starts afresh"
 
@@ -47,6 +59,18 @@ class SceneFolder:
     @property
     def images(self) -> Path:
         return self.path / "images"
+
+    @property
+    def staged_images(self) -> Path:
+        return self.path / STAGING_IMAGES
+
+    @property
+    def sparse(self) -> Path:
+        return self.path / "sparse"
+
+    @property
+    def model(self) -> Path:
+        return self.sparse / "0"
 
     @property
     def database(self) -> Path:
@@ -107,35 +131,109 @@ class SceneFolder:
                 "makes the scene again from the files there now")
 
     def clear(self) -> None:
-        """Remove what an earlier ``prepare`` wrote (``ENTRIES``), and half-written
-        parts. A link among them is removed, never what it leads to."""
-        for name in ENTRIES:
-            _remove(self.path / name)
-        self.clear_partial()
+        """Remove what an earlier ``prepare`` wrote: half-written parts, the images
+        ``prepare.json`` names, the model files in ``sparse/0``, the database, and last
+        ``prepare.json``, which until then tells a run stopped midway what is prepare's.
+        A folder left holding anything else stays, and a notice names what it kept."""
+        self.tidy()
+        for name in image_names(_read_json(self.manifest)):
+            _remove_file(self.images / name)
+        for name in MODEL_FILES:
+            _remove_file(self.model / name)
+        for name in DATABASE_ENTRIES:
+            _remove_file(self.path / name)
+        for folder in (self.images, self.model, self.sparse):
+            _remove_if_empty(folder)
+        kept = [str(path.relative_to(self.path)) for folder in (self.images, self.sparse)
+                for path in _leaves(folder)]
+        if kept:
+            notice(f"{self.path}: --overwrite kept what prepare did not write: {a_few(kept)}")
+        _remove_file(self.manifest)
 
-    def clear_partial(self) -> None:
-        for name in PARTIALS:
-            _remove(self.path / name)
+    def tidy(self) -> None:
+        """Ready the folder for writing: half-written parts removed, and a link where
+        prepare keeps a folder removed (not what it leads to, which writing and clearing
+        there would reach)."""
+        for folder in (self.images, self.sparse, self.model):
+            if folder.is_symlink():
+                folder.unlink()
+        for pattern in PARTIALS:
+            for path in self.path.glob(pattern):
+                _remove(path)
 
     def write_manifest(self, manifest: dict) -> None:
         write_json(self.manifest, manifest)
 
-    def publish_images(self, staged: Path) -> None:
-        """Put the fully written ``staged`` folder in the place of ``images/``."""
-        _remove(self.images)
-        staged.rename(self.images)
+    def publish_images(self, manifest: dict, written: dict) -> None:
+        """Move the wholly written ``staged_images`` into ``images/``, over files of the
+        same names, and record ``written`` (the manifest's image fields) in ``manifest``.
+        So that the manifest names each of prepare's images there at every moment, the
+        earlier ones these do not replace are removed while it still names them, and it
+        names these before they move."""
+        staged = {path.name for path in self.staged_images.iterdir()}
+        for name in set(image_names(manifest)) - staged:
+            _remove_file(self.images / name)
+        manifest.update(written)
+        self.write_manifest(manifest)
+        _move_files(self.staged_images, self.images, sorted(staged))
 
     def publish_model(self, reconstruction) -> None:
-        """Write the model to ``sparse/0``, replacing an earlier one only once it is whole."""
-        sparse = self.path / "sparse"
-        sparse.mkdir(exist_ok=True)
-        staged, old, target = self.path / STAGING_MODEL, self.path / OLD_MODEL, sparse / "0"
-        staged.mkdir()
+        """Write the model to ``sparse/0``: whole in a staging folder first, then its
+        files moved over an earlier model's, whose files it lacks are removed."""
+        staged = self.path / STAGING_MODEL
+        staged.mkdir(parents=True)
         reconstruction.write(str(staged))
-        if target.exists():
-            target.rename(old)
-        staged.rename(target)
-        shutil.rmtree(old, ignore_errors=True)
+        written = sorted(path.name for path in staged.iterdir())
+        for name in set(MODEL_FILES) - set(written):
+            _remove_file(self.model / name)
+        _move_files(staged, self.model, written)
+
+
+def _read_json(path: Path):
+    """The JSON in ``path``, or None where it cannot be read."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def image_names(manifest) -> list[str]:
+    """The images ``manifest`` names, each once, from those of its image fields that are
+    lists of lists of names: clearing reads them from any manifest, one the checks
+    refuse too."""
+    if not isinstance(manifest, dict):
+        return []
+    names = (name for field in IMAGE_FIELDS if _is_name_lists(manifest.get(field))
+             for group in manifest[field] for name in group)
+    return list(dict.fromkeys(names))
+
+
+def _move_files(source: Path, target: Path, names: list[str]) -> None:
+    """Move the files ``names`` from the folder ``source`` into ``target`` (made if
+    missing), over any of the same names, then remove ``source``, emptied."""
+    target.mkdir(exist_ok=True)
+    for name in names:
+        os.replace(source / name, target / name)
+    source.rmdir()
+
+
+def _remove_file(path: Path) -> None:
+    """Remove the file or link ``path`` (not what a link leads to); a folder stays."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+
+
+def _remove_if_empty(folder: Path) -> None:
+    if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+        folder.rmdir()
+
+
+def _leaves(folder: Path) -> list[Path]:
+    """What ``folder`` holds, down to its files: files, links and empty folders."""
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    return sorted(path for path in folder.rglob("*")
+                  if path.is_symlink() or not path.is_dir() or not any(path.iterdir()))
 
 
 def _remove(path: Path) -> None:
