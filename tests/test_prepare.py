@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from splatscale.folder_lock import LOCK_NAME
 from splatscale.prepare.alignment import pose_errors, similarity
 from splatscale.prepare.frames import sharpness
 from splatscale.prepare.photos import ORIENTATION, inspect_photo, write_photo
-from splatscale.prepare.scene_folder import MAPPING_SCRATCH, MODEL_FILES
+from splatscale.prepare.scene_folder import MAPPING_SCRATCH, MODEL_FILES, image_name
 from splatscale.prepare.sfm import image_pairs
 from bench.scenes import write_video
 from tests.conftest import data_path
@@ -47,8 +48,11 @@ def some_photos(folder: Path, every: int = EVERY) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory) -> tuple[Path, Path, dict]:
+    """The scene of 33 photos, one of them named with a space, which COLMAP's list of
+    pairs to match would split: written as ``image_name`` names it."""
     base = tmp_path_factory.mktemp("prepare")
-    some_photos(base / "photos")
+    last = some_photos(base / "photos")[-1]
+    last.rename(last.with_name(last.name.replace("_", " ")))
     assert main(["prepare", str(base / "photos"), "-o", str(base / "scene"), "--quiet"]) == 0
     report = json.loads((base / "scene" / "prepare.json").read_text())["report"]
     return base / "photos", base / "scene", report
@@ -71,7 +75,7 @@ def test_photos_make_a_scene_whose_cameras_match_the_known_ones(prepared):
     assert 0 < report["mean_reprojection_error_px"] < 2 and report["points"] > 1000
     assert set(report["seconds"]) == {"images", "features", "matching", "mapping"}
     for photo in photos.iterdir():  # upright JPEGs are taken byte for byte
-        assert (scene / "images" / photo.name).read_bytes() == photo.read_bytes()
+        assert (scene / "images" / image_name(photo.name)).read_bytes() == photo.read_bytes()
     sources = json.loads((scene / "prepare.json").read_text())["sources"]
     assert sorted(sources) == sorted(p.name for p in photos.iterdir())
     assert sorted(p.name for p in (scene / "sparse" / "0").iterdir()) == sorted(MODEL_FILES)
@@ -178,8 +182,9 @@ def test_changed_settings_are_refused_and_change_nothing(prepared, capsys):
 
 
 def test_a_video_goes_through_the_video_path(tmp_path, capsys):
+    """A video named with a space, which COLMAP's list of pairs to match would split."""
     frames = some_photos(tmp_path / "frames", every=1)[:48]
-    video = tmp_path / "orbit.mp4"
+    video = tmp_path / "my orbit.mp4"
     write_video(frames, video)
     scene = tmp_path / "scene"
     assert main(["prepare", str(video), "-o", str(scene), "--frames", "24", "--quiet"]) == 0
@@ -187,9 +192,10 @@ def test_a_video_goes_through_the_video_path(tmp_path, capsys):
     assert report["images"] == 24 and report["registered"] >= 20
     assert report["sfm"]["matcher"] == "sequential" and report["cameras"] == 1
     names = sorted(p.name for p in (scene / "images").iterdir())
-    assert len(names) == 24 and all(name.startswith("orbit.mp4_") for name in names)
+    assert len(names) == 24 and all(re.fullmatch(r"my_orbit\.mp4_\d{6}\.jpg", name)
+                                    for name in names)
     # Frame k is photo k: its known pose is that photo's.
-    found = {frames[int(name[10:16])].name: pose for name, pose in
+    found = {frames[int(name[-10:-4])].name: pose for name, pose in
              poses(load_scene(scene)).items()}
     assert_close_to_known(found, 20)
 

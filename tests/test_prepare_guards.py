@@ -194,6 +194,30 @@ def test_photos_of_one_stem_stay_apart(tmp_path, capsys):
     assert not (tmp_path / "scene").exists()
 
 
+def test_names_with_whitespace_are_written_with_underscores(tmp_path, capsys):
+    """COLMAP's list of pairs to match splits its lines at spaces: an image named with
+    one would be matched with none."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i, name in enumerate(("img 0.jpg", "img\t1.png", "img 2.tif")):
+        noise_image(photos / name, seed=i)
+    inputs = checked(photos, tmp_path / "scene")
+    assert [photo.name for photo in inputs.photos] == ["img_1.png", "img_0.jpg",
+                                                       "img_2.tif.png"]  # a tab sorts first
+    noise_image(photos / "img_0.jpg", seed=3)
+    code = prepare(photos, "-o", tmp_path / "scene")
+    assert_clean_error(code, capsys.readouterr().err, "img_0.jpg",
+                       "would be written as img_0.jpg")
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    for name in ("my clip.mp4", "my_clip.mp4"):  # refused before they are opened
+        (videos / name).write_bytes(b"\0" * 100)
+    code = prepare(videos, "-o", tmp_path / "scene")
+    assert_clean_error(code, capsys.readouterr().err, "my_clip.mp4",
+                       "would be written as my_clip.mp4_000000.jpg")
+    assert not (tmp_path / "scene").exists()
+
+
 def test_a_video_cut_short_is_counted_and_said(tmp_path, capsys):
     video = tmp_path / "clip.avi"  # AVI's header lists the frames, and stays when cut
     write_video(some_photos(tmp_path / "photos", every=1)[:40], video)

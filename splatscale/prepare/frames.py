@@ -18,6 +18,7 @@ from PIL import Image
 from splatscale.atomic import atomic_path
 from splatscale.errors import DataError
 from splatscale.messages import notice
+from splatscale.prepare.scene_folder import frame_name
 
 SHARPNESS_WIDTH = 640
 JPEG_QUALITY = 95
@@ -80,8 +81,7 @@ def _grey(frame) -> np.ndarray:
 def extract_frames(path: Path, count: int, total: int, folder: Path,
                    advance: Callable[[int], None] = lambda n: None) -> list[str]:
     """Write the sharpest frame of each of ``count`` windows over the video's ``total``
-    frames to ``folder`` as ``<video file name>_<frame index>.jpg`` (``clip.mp4`` and
-    ``clip.mkv`` of one folder give names apart); their names, in order. A notice
+    frames to ``folder``, named by ``frame_name``; their names, in order. A notice
     says when decoding ends before ``total``. ``advance(1)`` is called for each frame
     decoded. One frame per window is held."""
     import av
@@ -91,7 +91,7 @@ def extract_frames(path: Path, count: int, total: int, folder: Path,
     best: tuple[int, float, int, Image.Image] | None = None  # window, score, index, image
 
     def keep(window_best: tuple[int, float, int, Image.Image]) -> None:
-        name = f"{path.name}_{window_best[2]:06d}.jpg"
+        name = frame_name(path, window_best[2])
         with atomic_path(folder / name) as tmp:
             window_best[3].save(tmp, format="JPEG", quality=JPEG_QUALITY)
         names.append(name)

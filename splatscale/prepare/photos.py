@@ -24,6 +24,7 @@ from pillow_heif import register_heif_opener
 from splatscale.atomic import atomic_path
 from splatscale.data.images import to_rgb8
 from splatscale.errors import DataError
+from splatscale.prepare.scene_folder import image_name
 
 ORIENTATION, MAKE, MODEL = 0x0112, 0x010F, 0x0110
 EXIF_IFD, FOCAL_LENGTH, FOCAL_35MM = 0x8769, 0x920A, 0xA405
@@ -61,7 +62,7 @@ def inspect_photo(path: Path) -> Photo:
     camera = (exif.get(MAKE), exif.get(MODEL), details.get(FOCAL_LENGTH),
               details.get(FOCAL_35MM), size)
     copy = orientation == 1 and fmt in KEPT_FORMATS
-    name = path.name if fmt in KEPT_FORMATS else f"{path.name}.png"
+    name = image_name(path.name) + ("" if fmt in KEPT_FORMATS else ".png")
     return Photo(path, name, copy, tuple(str(v) if v is not None else None for v in camera))
 
 
@@ -79,13 +80,3 @@ def write_photo(photo: Photo, folder: Path) -> None:
             else:
                 Image.fromarray(to_rgb8(upright, (0.0, 0.0, 0.0))).save(tmp, format="PNG")
 
-
-def check_names(photos: list[Photo]) -> None:
-    """Refuse two photos that would be written under one name (``a.tif`` and a PNG
-    named ``a.tif.png``)."""
-    seen: dict[str, Path] = {}
-    for photo in photos:
-        if photo.name in seen:
-            raise DataError(f"{photo.source}: would be written as {photo.name}, as "
-                            f"{seen[photo.name]} is; rename one of them")
-        seen[photo.name] = photo.source

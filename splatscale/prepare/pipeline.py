@@ -23,9 +23,9 @@ from splatscale.errors import DataError
 from splatscale.folder_lock import locked_folder
 from splatscale.messages import held, notice
 from splatscale.prepare.frames import count_frames, extract_frames
-from splatscale.prepare.photos import Photo, check_names, inspect_photo, write_photo
-from splatscale.prepare.scene_folder import (MAPPING_SCRATCH, SceneFolder, image_names,
-                                             source_record)
+from splatscale.prepare.photos import Photo, inspect_photo, write_photo
+from splatscale.prepare.scene_folder import (MAPPING_SCRATCH, SceneFolder, check_names,
+                                             frame_name, image_names, source_record)
 from splatscale.prepare.sfm import (SfmSettings, extract_features, image_pairs, map_scene,
                                     match_features, quiet_logs)
 from splatscale.data.media import MIN_VIEWS, Sources, a_few, find_sources
@@ -73,8 +73,9 @@ def prepare(request: Request) -> dict:
 
 def check_inputs(request: Request) -> Inputs:
     """Every input file checked (nothing written): the output folder apart from them,
-    each photo decoded, each video's frames counted; notices for the files skipped
-    and the videos that hold fewer frames than their headers list."""
+    each photo decoded, each video's frames counted, no two of their images of one
+    name; notices for the files skipped and the videos that hold fewer frames than
+    their headers list."""
     sources = find_sources(request.input)
     _check_apart(request.output, request.input, sources)
     if sources.others:
@@ -83,7 +84,8 @@ def check_inputs(request: Request) -> Inputs:
                f"{a_few([path.name for path in sources.others])}")
     photos = [inspect_photo(path) for path in _bar(request, sources.photos, "checking images",
                                                    "image")]
-    check_names(photos)
+    check_names([(photo.source, photo.name) for photo in photos]
+                + [(video, frame_name(video, 0)) for video in sources.videos])
     counts = {video: count_frames(video) for video in sources.videos}
     return Inputs(sources, photos, _share_frames(request.frames, counts),
                   source_record(sources.files))

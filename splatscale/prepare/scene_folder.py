@@ -24,7 +24,7 @@ from pathlib import Path
 
 from splatscale.atomic import write_json
 from splatscale.data.media import a_few
-from splatscale.errors import SplatscaleError
+from splatscale.errors import DataError, SplatscaleError
 from splatscale.messages import notice
 
 MANIFEST = "prepare.json"
@@ -41,6 +41,30 @@ MAPPING_SCRATCH = ".mapping."  # the prefix of the mapper's scratch folders
 PARTIALS = (STAGING_IMAGES, STAGING_MODEL, MAPPING_SCRATCH + "*", f".{MANIFEST}.*.tmp")
 IMAGE_FIELDS = ("cameras", "sequences")
 AFRESH = "--overwrite starts afresh"
+
+
+def image_name(file_name: str) -> str:
+    """The scene's name for an image made from ``file_name``: each whitespace character
+    made "_". COLMAP's list of pairs to match splits its lines at spaces and trims each
+    name, so it would match no image named with one."""
+    return "".join("_" if char.isspace() else char for char in file_name)
+
+
+def frame_name(video: Path, index: int) -> str:
+    """The name of frame ``index`` of ``video``: ``clip.mp4_000012.jpg``, named by the
+    video's whole file name, so that ``clip.mp4`` and ``clip.mkv`` give names apart."""
+    return f"{image_name(video.name)}_{index:06d}.jpg"
+
+
+def check_names(written: list[tuple[Path, str]]) -> None:
+    """Refuse two input files whose images would have one name (``written``: each file
+    and the name of its image, or of its first frame)."""
+    seen: dict[str, Path] = {}
+    for source, name in written:
+        if name in seen:
+            raise DataError(f"{source}: would be written as {name}, as {seen[name]} is; "
+                            "rename one of them")
+        seen[name] = source
 
 
 def source_record(files: tuple[Path, ...]) -> dict[str, dict[str, int]]:

@@ -129,6 +129,7 @@ def match_features(database: Path, pairs: list[tuple[str, str]],
     with tempfile.TemporaryDirectory() as scratch:
         listing = Path(scratch) / "pairs.txt"
         for batch in _batches(todo, MATCH_BATCH):
+            # COLMAP splits each line at spaces: scene_folder.image_name's names hold none.
             listing.write_text("".join(f"{a} {b}\n" for a, b in batch))
             pairing = pycolmap.ImportedPairingOptions()
             pairing.match_list_path = str(listing)
