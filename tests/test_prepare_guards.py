@@ -16,7 +16,8 @@ from splatscale.cli import main
 from splatscale.prepare.frames import extract_frames
 from splatscale.prepare.photos import ORIENTATION, inspect_photo, write_photo
 from splatscale.prepare.pipeline import Request, check_inputs
-from splatscale.prepare.scene_folder import MODEL_FILES, SceneFolder, source_record
+from splatscale.prepare.scene_folder import (MODEL_FILES, SceneFolder, manifest_problem,
+                                             source_record)
 from splatscale.prepare.sfm import SfmSettings
 from bench.scenes import write_video
 from tests.test_bad_input import assert_clean_error
@@ -260,6 +261,7 @@ def test_heic_photos_are_read_upright_and_other_files_named(tmp_path, capsys):
     assert upright[:10].mean() > 200 and upright[20:].mean() < 50  # the band is on top
 
 
+A_FILE = {"size": 1, "mtime_ns": 1}
 BAD_MANIFESTS = {
     "not a JSON object": [],
     "'settings'": {"settings": ["input"]},
@@ -268,7 +270,24 @@ BAD_MANIFESTS = {
     "same images": {"settings": {}, "cameras": [["a.jpg"]], "sequences": [["b.jpg"]]},
     "'sources'": {"settings": {}, "sources": {"a.jpg": {"size": "big", "mtime_ns": 1}}},
     "file names": {"settings": {}, "cameras": [["../a.jpg"]], "sequences": [["../a.jpg"]]},
+    "'cameras' names no image of b.jpg of 'sources'": {
+        "settings": {}, "sources": {"a.jpg": A_FILE, "b.jpg": A_FILE},
+        "cameras": [["a.jpg"]], "sequences": [["a.jpg"]]},
+    "'cameras' names x.jpg, made from nothing in 'sources'": {
+        "settings": {}, "sources": {"a.jpg": A_FILE},
+        "cameras": [["a.jpg", "x.jpg"]], "sequences": [["a.jpg", "x.jpg"]]},
 }
+
+
+def test_the_manifests_images_are_those_of_its_sources():
+    """A photo's image is named as the photo, "_" for whitespace, with ".png" where it
+    was converted; a video's frames by the video's name and their index."""
+    for sources, images in (({"a b.jpg": A_FILE, "c.tif": A_FILE}, ["a_b.jpg", "c.tif.png"]),
+                            ({"my clip.mp4": A_FILE}, ["my_clip.mp4_000000.jpg",
+                                                       "my_clip.mp4_000031.jpg"])):
+        manifest = {"settings": {}, "sources": sources, "cameras": [images],
+                    "sequences": [images]}
+        assert manifest_problem(manifest) is None, manifest
 
 
 @pytest.mark.parametrize("field", BAD_MANIFESTS)
@@ -280,6 +299,25 @@ def test_every_field_read_from_the_manifest_is_checked(field, tmp_path, capsys):
     code = prepare(tmp_path / "photos", "-o", scene)
     assert_clean_error(code, capsys.readouterr().err, str(scene / "prepare.json"), field,
                        "--overwrite")
+    assert snapshot(scene) == before
+
+
+@pytest.mark.parametrize("change", ["extra", "missing"])
+def test_settings_the_manifest_has_more_or_fewer_of_are_named(change, tmp_path, capsys):
+    photos = tmp_path / "photos"
+    some_photos(photos, every=40)
+    scene = made_scene(tmp_path / "scene")
+    settings = {"input": str(photos.resolve()), "camera_model": "SIMPLE_RADIAL",
+                "max_image_size": 3200, "frames": None}
+    if change == "extra":
+        settings["from_a_later_version"] = 1
+    else:
+        del settings["frames"]  # the value prepare now has for photos: changed all the same
+    (scene / "prepare.json").write_text(json.dumps({"settings": settings}))
+    before = snapshot(scene)
+    code = prepare(photos, "-o", scene)
+    named = "from_a_later_version" if change == "extra" else "frames"
+    assert_clean_error(code, capsys.readouterr().err, f"with other settings ({named})")
     assert snapshot(scene) == before
 
 

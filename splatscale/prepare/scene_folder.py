@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 from splatscale.atomic import write_json
-from splatscale.data.media import a_few
+from splatscale.data.media import VIDEO_SUFFIXES, a_few
 from splatscale.errors import DataError, SplatscaleError
 from splatscale.messages import notice
 
@@ -41,6 +42,7 @@ MAPPING_SCRATCH = ".mapping."  # the prefix of the mapper's scratch folders
 PARTIALS = (STAGING_IMAGES, STAGING_MODEL, MAPPING_SCRATCH + "*", f".{MANIFEST}.*.tmp")
 IMAGE_FIELDS = ("cameras", "sequences")
 AFRESH = "--overwrite starts afresh"
+FRAME = re.compile(r"(.+)_\d{6,}\.jpg")  # frame_name's names
 
 
 def image_name(file_name: str) -> str:
@@ -134,8 +136,8 @@ class SceneFolder:
         if not entries or overwrite:
             return None
         manifest = self.read_manifest()
-        if manifest["settings"] != settings:
-            changed = sorted(k for k in settings if manifest["settings"].get(k) != settings[k])
+        changed = _changed_keys(manifest["settings"], settings)
+        if changed:
             raise SplatscaleError(
                 f"{self.path}: prepared from {manifest['settings'].get('input')} "
                 f"with other settings ({', '.join(changed)}); {AFRESH}")
@@ -213,6 +215,13 @@ class SceneFolder:
         _move_files(staged, self.model, written)
 
 
+def _changed_keys(recorded: dict, current: dict) -> list[str]:
+    """The settings that differ, those only one of the two has among them."""
+    missing = object()
+    return sorted(key for key in recorded.keys() | current.keys()
+                  if recorded.get(key, missing) != current.get(key, missing))
+
+
 def _read_json(path: Path):
     """The JSON in ``path``, or None where it cannot be read."""
     try:
@@ -274,7 +283,8 @@ def manifest_problem(manifest) -> str | None:
         return "not a JSON object"
     if not isinstance(manifest.get("settings"), dict):
         return "'settings' is not an object"
-    return _images_problem(manifest) or _sources_problem(manifest.get("sources", {}))
+    return (_images_problem(manifest) or _sources_problem(manifest.get("sources", {}))
+            or _agreement_problem(manifest))
 
 
 def _images_problem(manifest: dict) -> str | None:
@@ -299,6 +309,31 @@ def _sources_problem(sources) -> str | None:
             and all(map(_is_size_and_mtime, sources.keys(), sources.values()))):
         return "'sources' is not an object of file names to their size and mtime_ns"
     return None
+
+
+def _agreement_problem(manifest: dict) -> str | None:
+    """``cameras`` against ``sources``, where both are there: each input file has its
+    images (a photo one, a video its frames), and each image its input file."""
+    if not {"cameras", "sources"} <= manifest.keys():
+        return None
+    images = set(image_names(manifest))
+    made = {source: _images_of(source, images) for source in manifest["sources"]}
+    without = sorted(source for source, found in made.items() if not found)
+    if without:
+        return f"'cameras' names no image of {a_few(without)} of 'sources'"
+    strays = sorted(images.difference(*made.values()))
+    if strays:
+        return f"'cameras' names {a_few(strays)}, made from nothing in 'sources'"
+    return None
+
+
+def _images_of(source: str, images: set[str]) -> set[str]:
+    """Those of ``images`` made from the input file ``source``: a video's frames, or a
+    photo's image (named as the photo, or with ".png" added where it was converted)."""
+    if Path(source).suffix.lower() in VIDEO_SUFFIXES:
+        return {image for image in images
+                if (frame := FRAME.fullmatch(image)) and frame[1] == image_name(source)}
+    return {image_name(source), image_name(source) + ".png"} & images
 
 
 def _is_name_lists(value) -> bool:
