@@ -15,7 +15,7 @@ from PIL import Image
 from splatscale.cli import main
 from splatscale.prepare.frames import extract_frames
 from splatscale.prepare.photos import ORIENTATION, inspect_photo, write_photo
-from splatscale.prepare.pipeline import Request, check_inputs
+from splatscale.prepare.pipeline import Request, check_inputs, recorded_settings
 from splatscale.prepare.scene_folder import (MODEL_FILES, SceneFolder, manifest_problem,
                                              source_record)
 from splatscale.prepare.sfm import SfmSettings
@@ -217,6 +217,36 @@ def test_names_with_whitespace_are_written_with_underscores(tmp_path, capsys):
     assert_clean_error(code, capsys.readouterr().err, "my_clip.mp4",
                        "would be written as my_clip.mp4_000000.jpg")
     assert not (tmp_path / "scene").exists()
+
+
+def test_what_the_input_folder_holds_unread_is_named(tmp_path, capsys):
+    photos = tmp_path / "photos"
+    (photos / "sub").mkdir(parents=True)
+    (photos / ".git").mkdir()  # a dot-named folder: not the user's photos
+    for i, name in enumerate(("a.png", "b.png", "c.png", ".hidden.jpg", "sub/d.png",
+                              ".git/e.png")):
+        noise_image(photos / name, seed=i)
+    (photos / ".DS_Store").write_bytes(b"a file of the system's")
+    inputs = checked(photos, tmp_path / "scene")
+    assert [photo.name for photo in inputs.photos] == ["a.png", "b.png", "c.png"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"splatscale: {photos}: skipping 1 dot-named file: .hidden.jpg",
+        f"splatscale: {photos}: not read: sub/ (prepare reads a folder's own files, not "
+        "its subfolders)"]
+    for name in ("a.png", "b.png", "c.png"):
+        (photos / name).unlink()
+    code = prepare(photos, "-o", tmp_path / "scene")
+    assert_clean_error(code, capsys.readouterr().err, "no images", "not read: sub/")
+
+
+def test_a_video_of_fewer_frames_than_asked_gives_them_all_and_says_so(tmp_path, capsys):
+    video = tmp_path / "clip.mp4"
+    write_video(some_photos(tmp_path / "photos", every=1)[:6], video)
+    request = Request(video, tmp_path / "scene", 500, SfmSettings(), progress=False)
+    inputs = check_inputs(request)
+    assert capsys.readouterr().err.splitlines() == [
+        f"splatscale: --frames 500: {video} holds 6 frames; all 6 are taken"]
+    assert inputs.frames == {video: (6, 6)} and recorded_settings(request, inputs)["frames"] == 6
 
 
 def test_a_video_cut_short_is_counted_and_said(tmp_path, capsys):

@@ -28,7 +28,7 @@ from splatscale.prepare.scene_folder import (MAPPING_SCRATCH, SceneFolder, check
                                              frame_name, image_names, source_record)
 from splatscale.prepare.sfm import (SfmSettings, extract_features, image_pairs, map_scene,
                                     match_features, quiet_logs)
-from splatscale.data.media import MIN_VIEWS, Sources, a_few, find_sources
+from splatscale.data.media import MIN_VIEWS, Sources, a_few, find_sources, unread
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def prepare(request: Request) -> dict:
         with held():
             inputs = check_inputs(request)
             request = _with_matcher(request, inputs)
-            settings = _settings(request, inputs)
+            settings = recorded_settings(request, inputs)
             lock.enter_context(locked_folder(folder.path))
             manifest = folder.check(settings, inputs.record, request.overwrite)
         if manifest is None:
@@ -74,14 +74,11 @@ def prepare(request: Request) -> dict:
 def check_inputs(request: Request) -> Inputs:
     """Every input file checked (nothing written): the output folder apart from them,
     each photo decoded, each video's frames counted, no two of their images of one
-    name; notices for the files skipped and the videos that hold fewer frames than
-    their headers list."""
+    name; notices for what is skipped, the videos that hold fewer frames than their
+    headers list, and those that hold fewer than asked."""
     sources = find_sources(request.input)
     _check_apart(request.output, request.input, sources)
-    if sources.others:
-        notice(f"{request.input}: skipping {len(sources.others)} file"
-               f"{'s' if len(sources.others) > 1 else ''} neither photo nor video: "
-               f"{a_few([path.name for path in sources.others])}")
+    _tell_skipped(request.input, sources)
     photos = [inspect_photo(path) for path in _bar(request, sources.photos, "checking images",
                                                    "image")]
     check_names([(photo.source, photo.name) for photo in photos]
@@ -89,6 +86,22 @@ def check_inputs(request: Request) -> Inputs:
     counts = {video: count_frames(video) for video in sources.videos}
     return Inputs(sources, photos, _share_frames(request.frames, counts),
                   source_record(sources.files))
+
+
+def _tell_skipped(given: Path, sources: Sources) -> None:
+    """Name what the input folder holds that is not read."""
+    if sources.others:
+        notice(f"{given}: skipping {_files(sources.others)} neither photo nor video: "
+               f"{a_few([path.name for path in sources.others])}")
+    if sources.hidden:
+        notice(f"{given}: skipping {_files(sources.hidden, 'dot-named ')}: "
+               f"{a_few([path.name for path in sources.hidden])}")
+    if sources.subfolders:
+        notice(f"{given}: {unread(sources.subfolders)}")
+
+
+def _files(paths: tuple[Path, ...], kind: str = "") -> str:
+    return f"{len(paths)} {kind}file{'s' if len(paths) > 1 else ''}"
 
 
 def _check_apart(output: Path, given: Path, sources: Sources) -> None:
@@ -113,17 +126,23 @@ def _with_matcher(request: Request, inputs: Inputs) -> Request:
         request.sfm, matcher="sequential" if inputs.sources.videos else "exhaustive"))
 
 
-def _settings(request: Request, inputs: Inputs) -> dict:
-    """What a continued scene must have been made with."""
+def recorded_settings(request: Request, inputs: Inputs) -> dict:
+    """What a continued scene must have been made with: ``frames``, those taken."""
+    taken = sum(take for take, _ in inputs.frames.values())
     return {"input": str(request.input.resolve()), "camera_model": request.sfm.camera_model,
             "max_image_size": request.sfm.max_image_size,
-            "frames": request.frames if inputs.sources.videos else None}
+            "frames": taken if inputs.sources.videos else None}
 
 
 def _share_frames(wanted: int, counts: dict[Path, int]) -> dict[Path, tuple[int, int]]:
     """The frames to take from each video: ``wanted`` in all, in proportion to their
-    lengths, at least one each and never more than a video has."""
+    lengths, at least one each and never more than a video has (a notice says when
+    they hold fewer than ``wanted``: all are taken)."""
     total = sum(counts.values())
+    if counts and total < wanted:
+        videos = str(next(iter(counts))) if len(counts) == 1 else f"the {len(counts)} videos"
+        notice(f"--frames {wanted}: {videos} hold{'s' if len(counts) == 1 else ''} {total} "
+               f"frames; all {total} are taken")
     shares = {video: (min(n, max(1, round(wanted * n / total))), n)
               for video, n in counts.items()}
     taken = sum(share for share, _ in shares.values())
