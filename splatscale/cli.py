@@ -322,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "or a folder of videos")
     prepare.add_argument("-o", "--output", type=_folder, required=True,
                          help="the scene folder to make (images/, sparse/0/)")
-    prepare.add_argument("--frames", type=_integer(3), default=100,
+    prepare.add_argument("--frames", type=_integer(3), default=None,
                          help="frames to take from the video(s), in all (default 100)")
     prepare.add_argument("--camera-model", choices=CAMERA_MODELS, default="SIMPLE_RADIAL",
                          help="COLMAP's camera model (default SIMPLE_RADIAL; OPENCV for "

@@ -47,7 +47,7 @@ def prepare(*args) -> int:
     return main(["prepare", *map(str, args), "--quiet"])
 
 
-def checked(source: Path, output: Path, frames: int = 100):
+def checked(source: Path, output: Path, frames: int | None = None):
     return check_inputs(Request(source, output, frames, SfmSettings(), progress=False))
 
 
@@ -247,6 +247,14 @@ def test_a_video_of_fewer_frames_than_asked_gives_them_all_and_says_so(tmp_path,
     assert capsys.readouterr().err.splitlines() == [
         f"splatscale: --frames 500: {video} holds 6 frames; all 6 are taken"]
     assert inputs.frames == {video: (6, 6)} and recorded_settings(request, inputs)["frames"] == 6
+
+
+def test_frames_asked_of_photos_are_refused(tmp_path, capsys):
+    some_photos(tmp_path / "photos", every=40)
+    code = prepare(tmp_path / "photos", "-o", tmp_path / "scene", "--frames", "5")
+    assert_clean_error(code, capsys.readouterr().err, "--frames: takes frames from a video",
+                       "holds photos")
+    assert not (tmp_path / "scene").exists()
 
 
 def test_a_video_cut_short_is_counted_and_said(tmp_path, capsys):

@@ -31,11 +31,14 @@ from splatscale.prepare.sfm import (SfmSettings, extract_features, image_pairs, 
 from splatscale.data.media import MIN_VIEWS, Sources, a_few, find_sources, unread
 
 
+DEFAULT_FRAMES = 100  # taken from the videos, in all, where --frames is not given
+
+
 @dataclass(frozen=True)
 class Request:
     input: Path
     output: Path
-    frames: int                 # taken from the videos, in all
+    frames: int | None          # taken from the videos, in all (None: DEFAULT_FRAMES)
     sfm: SfmSettings
     overwrite: bool = False
     verbose: bool = False
@@ -77,6 +80,9 @@ def check_inputs(request: Request) -> Inputs:
     name; notices for what is skipped, the videos that hold fewer frames than their
     headers list, and those that hold fewer than asked."""
     sources = find_sources(request.input)
+    if sources.photos and request.frames is not None:
+        raise DataError(f"--frames: takes frames from a video; {request.input} holds photos, "
+                        "each of which is taken")
     _check_apart(request.output, request.input, sources)
     _tell_skipped(request.input, sources)
     photos = [inspect_photo(path) for path in _bar(request, sources.photos, "checking images",
@@ -84,7 +90,8 @@ def check_inputs(request: Request) -> Inputs:
     check_names([(photo.source, photo.name) for photo in photos]
                 + [(video, frame_name(video, 0)) for video in sources.videos])
     counts = {video: count_frames(video) for video in sources.videos}
-    return Inputs(sources, photos, _share_frames(request.frames, counts),
+    wanted = DEFAULT_FRAMES if request.frames is None else request.frames
+    return Inputs(sources, photos, _share_frames(wanted, counts),
                   source_record(sources.files))
 
 
