@@ -53,7 +53,7 @@ def test_a_budget_changes_where_images_are_not_what_they_are(demo, tmp_path):
 def test_the_ranks_of_one_machine_share_its_budget_and_decoding(demo, tmp_path, capsys):
     image_bytes = ImageStore(demo).decoded_bytes() // len(demo.views)
     args = Namespace(image_memory=20 * image_bytes, resolution=1, max_width=None,
-                     cache_dir=tmp_path)
+                     max_pixels=None, cache_dir=tmp_path)
     decoded = {rank: [] for rank in range(4)}
     stores = [_store(args, demo, local=(rank, 4)) for rank in range(4)]
     assert stores[1].memory.budget == 5 * image_bytes
