@@ -76,7 +76,7 @@ def _pixel_count(text: str) -> int:
     number = text.strip().upper().removesuffix("P")
     unit = {"K": 1e3, "M": 1e6}.get(number[-1:], 1)
     try:
-        value = float(number.rstrip("KM")) * unit
+        value = float(number[:-1] if unit > 1 else number) * unit
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a pixel count: {text!r} (say 500K or 1M)"
                                          ) from None

@@ -187,10 +187,7 @@ def _resumed_scene(args: Namespace, record: RunRecord | None) -> None:
     if record is None:  # a run that kept no record: the flags as given
         return
     if args.data is None:
-        if record.data is not None and not Path(record.data).exists():
-            raise SplatscaleError(f"{record.path}: the run's scene {record.data} is not there "
-                                  "any more; name it: splatscale train DATA -o OUTPUT --resume")
-        args.data = record.data
+        args.data = _recorded_scene(record, "splatscale train DATA -o OUTPUT --resume")
     elif record.data is None or Path(args.data).resolve() != Path(record.data).resolve():
         notice(f"training on {args.data}; the run trained on "
                f"{record.data or 'the built-in demo scene'}")
@@ -202,6 +199,15 @@ def _resumed_scene(args: Namespace, record: RunRecord | None) -> None:
         setattr(args, name, kept)
 
 
+def _recorded_scene(record: RunRecord, naming: str) -> str | None:
+    """The scene ``record`` names (None: the demo), refused where it is gone, saying
+    how a command names it (``naming``)."""
+    if record.data is not None and not Path(record.data).exists():
+        raise SplatscaleError(f"{record.path}: its run's scene {record.data} is not there "
+                              f"any more; name it with {naming}")
+    return record.data
+
+
 def _flag_text(flag: str, value) -> str:
     """A setting as the command line says it: ``--eval``, ``no --max-width``, ``--seed 3``."""
     if value is None or value is False:
@@ -210,7 +216,7 @@ def _flag_text(flag: str, value) -> str:
 
 
 def _tell_held_out(scene: Scene) -> None:
-    train_ids, test_ids = scene.split(True)
+    _, test_ids = scene.split(True)
     notice(f"--eval holds {len(test_ids)} of the {len(scene.views)} views out of training "
            "(every 8th), to test on")
 
@@ -435,14 +441,18 @@ def _read_as_run(args: Namespace, record: RunRecord | None) -> None:
             raise SplatscaleError(f"{args.model}: not a run's model (no config.json beside "
                                   "it); name its scene with --data")
         return
-    if args.data is None and record.data is not None:
-        if not Path(record.data).exists():
-            raise SplatscaleError(f"{record.path}: its run's scene {record.data} is not "
-                                  "there any more; name it with --data")
-        args.data = record.data
+    if args.data is None:
+        args.data = _recorded_scene(record, "--data")
     args.resolution = args.resolution or record.resolution
     args.max_width = args.max_width or record.max_width
     args.max_pixels = args.max_pixels or record.max_pixels
+
+
+def _store_as_run(args: Namespace, record: RunRecord | None) -> ImageStore:
+    """The scene's images read as the run of ``record`` read them, unless the flags
+    say otherwise (``_read_as_run``), on its background."""
+    _read_as_run(args, record)
+    return _store(args, _scene(args), record is not None and record.white_background)
 
 
 def _split_ids(scene: Scene, split: str, record: RunRecord | None) -> list[int]:
@@ -471,10 +481,8 @@ class Views(NamedTuple):
 def _views(args: Namespace) -> Views:
     model_file, record = model_of(args.model)
     model = read_model(model_file).model
-    _read_as_run(args, record)
-    scene = _scene(args)
-    ids = _split_ids(scene, args.split, record)
-    store = _store(args, scene, record is not None and record.white_background)
+    store = _store_as_run(args, record)
+    ids = _split_ids(store.scene, args.split, record)
     about = {"model": str(model_file.resolve()), "split": args.split,
              "data": None if args.data is None else str(Path(args.data).resolve()),
              "resolution": args.resolution or 1, "max_width": args.max_width,
@@ -612,10 +620,8 @@ def view(args: Namespace) -> None:
 
 def _run_scenery(args: Namespace, record: RunRecord | None) -> tuple[Scenery, torch.Tensor]:
     """The scene beside a model: its run's, as it trained, unless the flags name another."""
-    _read_as_run(args, record)
-    scene = _scene(args)
-    store = _store(args, scene, record is not None and record.white_background)
-    train_ids, test_ids = scene.split(record is not None and record.eval)
+    store = _store_as_run(args, record)
+    train_ids, test_ids = store.scene.split(record is not None and record.eval)
     from splatscale.viewer.page import Scenery
     return Scenery(store, train_ids, test_ids), torch.tensor(store.background)
 

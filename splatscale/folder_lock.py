@@ -20,9 +20,9 @@ from typing import Iterator
 
 from splatscale.errors import SplatscaleError
 from splatscale.messages import notice
+from splatscale.native import STOP_SIGNALS
 
 LOCK_NAME = ".splatscale.lock"
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 @contextmanager
