@@ -14,7 +14,7 @@ SH_REST = (MAX_SH_DEGREE + 1) ** 2 - 1
 SH_C0 = 0.28209479177387814  # the degree-0 basis function: colour = SH_C0 * sh0 + 0.5
 
 
-@dataclass
+@dataclass(init=False)
 class GaussianModel:
     """Struct of per-Gaussian tensors, stored as the optimiser sees them.
 
@@ -33,12 +33,19 @@ class GaussianModel:
     opacity_logits: Tensor
     sh0: Tensor
     shN: Tensor
-    sh_degree: int = MAX_SH_DEGREE
-    keys: Tensor | None = None
+    sh_degree: int
+    keys: Tensor
 
     PARAMETERS = ("means", "quats", "log_scales", "opacity_logits", "sh0", "shN")
 
-    def __post_init__(self) -> None:
+    # Written out, not the dataclass's, so that ``keys`` may be omitted (or None) here
+    # while every model has them.
+    def __init__(self, means: Tensor, quats: Tensor, log_scales: Tensor,
+                 opacity_logits: Tensor, sh0: Tensor, shN: Tensor,
+                 sh_degree: int = MAX_SH_DEGREE, keys: Tensor | None = None) -> None:
+        self.means, self.quats, self.log_scales = means, quats, log_scales
+        self.opacity_logits, self.sh0, self.shN = opacity_logits, sh0, shN
+        self.sh_degree = sh_degree
         n = self.means.shape[0]
         expected = {"means": (n, 3), "quats": (n, 4), "log_scales": (n, 3),
                     "opacity_logits": (n,), "sh0": (n, 1, 3), "shN": (n, SH_REST, 3)}
@@ -48,8 +55,7 @@ class GaussianModel:
                 raise ValueError(f"GaussianModel.{name} has shape {got}, expected {shape}")
         if not 0 <= self.sh_degree <= MAX_SH_DEGREE:
             raise ValueError(f"sh_degree must be in 0..{MAX_SH_DEGREE}, got {self.sh_degree}")
-        if self.keys is None:
-            self.keys = torch.arange(n, device=self.means.device)
+        self.keys = torch.arange(n, device=self.means.device) if keys is None else keys
         if tuple(self.keys.shape) != (n,) or self.keys.dtype != torch.int64:
             raise ValueError(f"GaussianModel.keys must be int64 of shape ({n},)")
 
@@ -90,7 +96,8 @@ class GaussianModel:
         for name, tensor in params.items():
             setattr(self, name, tensor)
 
-    def to(self, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> "GaussianModel":
+    def to(self, dtype: torch.dtype | None = None,
+           device: torch.device | str | None = None) -> GaussianModel:
         moved = {name: t.to(dtype=dtype, device=device) for name, t in self.parameters().items()}
         return GaussianModel(**moved, sh_degree=self.sh_degree, keys=self.keys.to(device=device))
 
@@ -102,7 +109,6 @@ class GaussianModel:
     def detach(self) -> "GaussianModel":
         return GaussianModel(**{n: t.detach().clone() for n, t in self.parameters().items()},
                              sh_degree=self.sh_degree, keys=self.keys.clone())
-
 
 
 def concatenated(parts: Iterable[GaussianModel], sh_degree: int) -> GaussianModel:
