@@ -71,4 +71,3 @@ def muted() -> Iterator[None]:
         yield
     finally:
         _muted = False
-_held: list[str] | None = None
