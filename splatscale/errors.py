@@ -74,7 +74,8 @@ def interruption(error: BaseException) -> bool:
     """Whether ``error`` is a stop signal's KeyboardInterrupt, however a library wrapped
     it: numba turns one raised as a kernel calls back into Python (to box its result)
     into a SystemError, whose cause is the KeyboardInterrupt."""
-    pending, seen = [error], set()
+    pending: list[BaseException | None] = [error]
+    seen: set[int] = set()
     while pending:
         link = pending.pop()
         if link is None or id(link) in seen:

@@ -23,7 +23,8 @@ def choose_threading_layer() -> None:
     os.environ["NUMBA_THREADING_LAYER_PRIORITY"] = " ".join(PRIORITY)
     config = sys.modules.get("numba.core.config")
     if config is not None:  # numba was imported first: its configuration is read already
-        config.THREADING_LAYER_PRIORITY = list(PRIORITY)
+        # numba makes its options module globals at run time, so its types lack them
+        setattr(config, "THREADING_LAYER_PRIORITY", list(PRIORITY))
 
 
 def threading_layer() -> str:
