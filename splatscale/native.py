@@ -29,7 +29,10 @@ import signal
 import threading
 from contextlib import contextmanager
 from types import ModuleType
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
+
+if TYPE_CHECKING:  # what ``__getattr__`` loads, as the type checker should see it
+    import pycolmap as pycolmap
 
 STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 TAKE_SIGNALS_OVER = ("pycolmap",)
