@@ -33,7 +33,7 @@ def orbit(start: Camera, pivot: np.ndarray, up: np.ndarray, frames: int) -> list
     height = offset @ up
     across = offset - height * up
     radius = np.linalg.norm(across)
-    if radius < 1e-9 * max(np.linalg.norm(offset), 1.0):
+    if radius < 1e-9 * max(float(np.linalg.norm(offset)), 1.0):
         raise ValueError("the path's start lies on its axis")
     first = across / radius
     second = np.cross(up, first)

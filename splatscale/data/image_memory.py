@@ -8,6 +8,7 @@ when it is used, with no decoding: whole, while the previous step computes
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -60,7 +61,7 @@ class ImageMemory:
         on_disk = ahead is not None or raw.is_file()
         if ahead is not None:
             image = ahead.result()
-        elif on_disk and rows is not None and not self._has_room(np.prod(shape)):
+        elif on_disk and rows is not None and not self._has_room(math.prod(shape)):
             return _read(raw, shape, rows)
         elif on_disk:
             image = _read(raw, shape)
