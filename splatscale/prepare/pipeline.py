@@ -186,9 +186,11 @@ def _make_scene(request: Request, inputs: Inputs, folder: SceneFolder, manifest:
                                          unit="image") as bar:
         reused_features = extract_features(folder.database, folder.images, manifest["cameras"],
                                            request.sfm, bar.update)
-    pairs = image_pairs(manifest["sequences"], request.sfm.matcher)
+    matcher = request.sfm.matcher
+    assert matcher is not None, "prepare chooses it first (_with_matcher)"
+    pairs = image_pairs(manifest["sequences"], matcher)
     with _stage(times, "matching"), _bar(request, total=len(pairs),
-                                         desc=f"matching ({request.sfm.matcher})",
+                                         desc=f"matching ({matcher})",
                                          unit="pair") as bar:
         reused_pairs = match_features(folder.database, pairs, bar.update)
     if reused_features or reused_pairs:

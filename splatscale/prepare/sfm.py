@@ -63,7 +63,10 @@ def _camera_of(database: Path, name: str) -> int:
     from splatscale.native import pycolmap
 
     with pycolmap.Database.open(str(database)) as db:
-        return db.read_image_with_name(name).camera_id
+        image = db.read_image_with_name(name)
+        if image is None:  # callers name images the database was seen to hold
+            raise RuntimeError(f"{database} holds no image {name}")
+        return image.camera_id
 
 
 def extract_features(database: Path, images: Path, groups: list[list[str]],
