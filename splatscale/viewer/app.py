@@ -19,8 +19,8 @@ SERVE_POLL = 0.2  # seconds: how long a viewing process waits for work before lo
 
 
 @contextmanager
-def served(host: str, port: int) -> Iterator[object]:
-    """viser's server on ``host:port`` while the block runs."""
+def served(host: str | None, port: int | None) -> Iterator[object]:
+    """viser's server on ``host:port`` (None: the defaults) while the block runs."""
     server = open_server(host, port)
     try:
         yield server

@@ -73,6 +73,8 @@ class LiveRun:
         return due
 
     def show_model(self, model: GaussianModel | None) -> None:
+        # None goes to the ranks that do not write; the rank that serves the page writes
+        assert model is not None, "the rank serving the page gathers the model"
         self.page.show_model(model)
         self.splats_sent += 1
         self._model_at = time.monotonic()
@@ -151,7 +153,8 @@ class LiveRun:
                 ("Gaussians", f"{entry['num_gaussians']:,}"), ("images/s", f"{rate:.1f}"),
                 ("ETA", "-" if self.state == "finished" else _duration(left))]
         table = "\n".join(f"| {name} | {value} |" for name, value in rows)
-        self.progress.content = "| | |\n|---|---|\n" + table + (f"\n\n{self.note}" if self.note else "")
+        note = f"\n\n{self.note}" if self.note else ""
+        self.progress.content = "| | |\n|---|---|\n" + table + note
 
     def _show_plot(self, now: float) -> None:
         self._plot_at = now

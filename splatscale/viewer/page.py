@@ -135,9 +135,10 @@ class Page:
         self.still_png: bytes | None = None
         self._build_panel()
         if scenery is not None:
-            self.framing = scenery.framing()
-            self._add_cameras(scenery, self.framing.frustum_depth)
-            self._open_at(self.framing)
+            self.framing = framing = scenery.framing()
+            assert framing.frustum_depth is not None, "a scene's framing places its photos"
+            self._add_cameras(scenery, framing.frustum_depth)
+            self._open_at(framing)
 
     # -- the model -----------------------------------------------------------------
 
@@ -159,8 +160,10 @@ class Page:
 
     def exact(self, camera: Camera) -> np.ndarray:
         """uint8 render of the kept model at ``camera``, at its SH degree."""
+        model = self.model
+        assert model is not None, "the page is served only once it shows a model"
         with torch.no_grad():
-            out = render(self.model, camera, background=self.background.to(self.model.means.dtype))
+            out = render(model, camera, background=self.background.to(model.means.dtype))
         return _uint8(out.rgb)
 
     # -- work asked for by the browsers ------------------------------------------------
@@ -188,17 +191,21 @@ class Page:
     def _look_through(self, client, index: int) -> None:
         """Move ``client``'s view to camera ``index`` now, turning about the point of its
         axis as far away as the scene's centre; queue its photo and render."""
-        camera = self.scenery.store.camera(index)
+        scenery, framing = self.scenery, self.framing
+        assert scenery is not None and framing is not None, "cameras come with a scene"
+        camera = scenery.store.camera(index)
         pose = pose_of(camera)
         axes = camera.viewmat[:3, :3].double().numpy()  # rows: right, down, forward
-        distance = np.linalg.norm(self.framing.pivot - pose.position)
+        distance = np.linalg.norm(framing.pivot - pose.position)
         _move(client, pose.position, pose.position + distance * axes[2], -axes[1], pose.fov)
         self.jobs.put(lambda: self._compare(index))
 
     def _compare(self, index: int) -> None:
-        store = self.scenery.store
+        scenery = self.scenery
+        assert scenery is not None, "cameras come with a scene"
+        store = scenery.store
         camera = store.camera(index)
-        split = "test" if index in self.scenery.test_ids else "training"
+        split = "test" if index in scenery.test_ids else "training"
         photo = store.image(index).numpy()
         rendered = self.exact(camera)
         score = psnr(torch.from_numpy(rendered).float() / 255, store.as_float(index))

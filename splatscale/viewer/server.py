@@ -62,7 +62,8 @@ def _where(host: str | None, port: int | None) -> tuple[str, int]:
 def _loopback(host: str) -> bool:
     """Whether every address ``host`` names is this machine's loopback."""
     try:
-        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        # a host's addresses are IPv4 or IPv6 ones: each sockaddr starts with its text
+        addresses = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
     except socket.gaierror:
         return False
     return all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
