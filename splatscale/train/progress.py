@@ -121,7 +121,8 @@ class ProgressBar:
                                    "[{elapsed}, {rate_fmt}{postfix}]")
         self.time_left = TimeLeft(total_images, growth)
         self.time_left.images = done
-        self.loss = self.psnr = None
+        self.loss: float | None = None  # smoothed; None before the first step
+        self.psnr: float | None = None
 
     def step(self, entry: dict, seconds: float, gaussians_before: int) -> None:
         """After a step: its log ``entry`` and the ``seconds`` it took. A process' first
