@@ -66,4 +66,5 @@ class Camera:
         viewmat = torch.eye(4, dtype=torch.float64)
         viewmat[:3, :3] = torch.as_tensor(rotation, dtype=torch.float64)
         viewmat[:3, 3] = torch.as_tensor(translation, dtype=torch.float64)
-        return Camera(viewmat, torch.as_tensor(K, dtype=torch.float64), int(width), int(height), name)
+        return Camera(viewmat, torch.as_tensor(K, dtype=torch.float64), int(width), int(height),
+                      name)

@@ -91,7 +91,8 @@ def random_points_in_cube(cameras: list, count: int, seed: int = 0
     return points, rng.integers(0, 256, (count, 3)).astype(np.uint8)
 
 
-def random_points_in_view(cameras: list, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def random_points_in_view(cameras: list, count: int,
+                          seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``count`` random points with random colours where the cameras look.
 
     When the optical axes converge in front of the cameras (an inward-facing
