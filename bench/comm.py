@@ -1,11 +1,11 @@
 """Distributed training's traffic and balance, W ranks simulated in one process.
 
 Prints one JSON line. The model (snowmiku's SfM points at 3DGS
-initialisation, or a trained one given with ``--model``) is sharded over W ranks as the distributed engine shards it; for each of
-``--steps`` batches of B random training views, the engine's own partition and
-routing code decides what each rank sends, and each rank's bands are rendered
-(forward and backward) one rank after another, so their times do not disturb
-each other. Per step:
+initialisation, or a trained one given with ``--model``) is sharded over W ranks
+as the distributed engine shards it; for each of ``--steps`` batches of B random
+training views, the engine's own partition and routing code decides what each
+rank sends, and each rank's bands are rendered (forward and backward) one rank
+after another, so their times do not disturb each other. Per step:
 
 - ``sparse_bytes``: what the sparse exchange sends between ranks (the splats,
   and their gradients on the way back);

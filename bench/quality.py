@@ -1,8 +1,8 @@
 """Test quality over a whole schedule; prints one JSON line and writes one PNG plot.
 
 Trains a scene (default tests/data/snowmiku) for ``--images`` images and, just
-before every ``--every`` images and at the end, measures PSNR and SSIM (and LPIPS where its package is
-installed) on the test views, PSNR on a fixed sample of training views, and the
+before every ``--every`` images and at the end, measures PSNR and SSIM (and LPIPS
+where its package is installed) on the test views, PSNR on a fixed sample of training views, and the
 Gaussian count. A test curve that falls while the training curve rises is the
 model overfitting. The split holds out every 8th view; ``--sparse`` trains on
 every 4th view and tests on all the others, as a small capture would.

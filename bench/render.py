@@ -76,7 +76,8 @@ def main() -> None:
         "backward_ms": round(statistics.median(backward), 2),
         "total_ms": round(statistics.median(total), 2),
         "intersections": round(mean_isects),
-        "total_ms_per_million_intersections": round(statistics.median(total) / mean_isects * 1e6, 2),
+        "total_ms_per_million_intersections":
+            round(statistics.median(total) / mean_isects * 1e6, 2),
         "threads": numba.get_num_threads(),
     })
 

@@ -92,7 +92,8 @@ def run(scene, batch_size: int, marks: list[int], resolution: int, seed: int,
         trainer = Trainer(scene, store, config, RunOptions(Path(out), eval_split=True,
                                                            progress=False, checkpoint_every=0))
         live = stack.enter_context(watched(trainer)) if viewer else None
-        result, seconds, start_gaussians = {"batch_size": batch_size}, 0.0, trainer.engine.num_gaussians()
+        result, seconds = {"batch_size": batch_size}, 0.0
+        start_gaussians = trainer.engine.num_gaussians()
         for mark in marks:
             start = time.perf_counter()
             while trainer.images_seen < mark:
@@ -101,8 +102,8 @@ def run(scene, batch_size: int, marks: list[int], resolution: int, seed: int,
                     trainer.serve_watcher(live, entry, lambda: False)
             seconds += time.perf_counter() - start
             test = trainer.evaluate()
-            print(f"batch {batch_size}: {mark} images, {seconds:.0f} s, test PSNR {test['psnr']:.2f}",
-                  file=sys.stderr)
+            print(f"batch {batch_size}: {mark} images, {seconds:.0f} s, "
+                  f"test PSNR {test['psnr']:.2f}", file=sys.stderr)
             result[str(mark)] = {
                 "test_psnr": round(test["psnr"], 3), "test_ssim": round(test["ssim"], 4),
                 "iterations_per_second": round(trainer.images_seen / seconds, 3),

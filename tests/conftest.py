@@ -209,8 +209,9 @@ def garden():
         shN=torch.from_numpy(0.2 * rng.normal(size=(n, SH_REST, 3))),
     )
     width, height = int(data["width"]), int(data["height"])
-    cameras = [Camera(torch.from_numpy(v.astype(np.float64)), torch.from_numpy(k.astype(np.float64)),
-                      width, height) for v, k in zip(data["viewmats"], data["Ks"])]
+    cameras = [Camera(torch.from_numpy(v.astype(np.float64)),
+                      torch.from_numpy(k.astype(np.float64)), width, height)
+               for v, k in zip(data["viewmats"], data["Ks"])]
     return model, cameras
 
 

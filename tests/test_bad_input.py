@@ -87,7 +87,8 @@ def test_images_named_by_the_model_but_missing(small_colmap, output):
 
 @pytest.mark.parametrize("damage, fragment", [
     (lambda p: p.write_bytes(b"\xff\xd8\xff\xe0 this is not a JPEG"), "not a readable image"),
-    (lambda p: Image.open(p).resize((200, 100)).save(p), "image is 200x100, its camera says 495x371"),
+    (lambda p: Image.open(p).resize((200, 100)).save(p),
+     "image is 200x100, its camera says 495x371"),
 ])
 def test_bad_image_is_found_before_the_folder_is_touched(small_colmap, output, damage, fragment):
     broken = sorted((small_colmap / "images").iterdir())[7]
@@ -178,7 +179,8 @@ def broken_models(folder: Path) -> dict[str, tuple[Path, str]]:
     (folder / "zero.ply").write_bytes(b"")
     return {"truncated": (truncated, "not a 3DGS PLY file"),
             "empty": (empty, "the model has no Gaussians"),
-            "nan": (folder / "nan.ply", "2 of 20 Gaussians have NaN or infinite values (rows 3, 7)"),
+            "nan": (folder / "nan.ply",
+                    "2 of 20 Gaussians have NaN or infinite values (rows 3, 7)"),
             "zero bytes": (folder / "zero.ply", "not a 3DGS PLY file")}
 
 
@@ -285,7 +287,8 @@ def test_a_write_that_fails_names_the_file(tmp_path):
     before the model) cannot be written. A first run here writes the demo's images and
     the kernels' cache, which the limited run then only reads."""
     cache = ["--cache-dir", str(tmp_path / "cache")]
-    assert main(["train", "-o", str(tmp_path / "warm"), "--iterations", "2", "--quiet", *cache]) == 0
+    assert main(["train", "-o", str(tmp_path / "warm"), "--iterations", "2", "--quiet",
+                 *cache]) == 0
 
     def limit_file_size():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write rather than kill

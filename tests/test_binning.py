@@ -23,8 +23,10 @@ def test_bins_hold_each_tile_splats_nearest_first():
         if (radii[i] <= 0).any():
             continue
         (mx, my), (rx, ry) = means2d[i].tolist(), radii[i].tolist()
-        for ty in range(max(row0, math.floor((my - ry) / 16)), min(row1, math.ceil((my + ry) / 16))):
-            for tx in range(max(0, math.floor((mx - rx) / 16)), min(tiles_x, math.ceil((mx + rx) / 16))):
+        for ty in range(max(row0, math.floor((my - ry) / 16)),
+                        min(row1, math.ceil((my + ry) / 16))):
+            for tx in range(max(0, math.floor((mx - rx) / 16)),
+                            min(tiles_x, math.ceil((mx + rx) / 16))):
                 expected[(ty - row0) * tiles_x + tx].append(i)
     assert bins.tile_row0 == row0 and bins.tiles_x == tiles_x
     for tile, splats in expected.items():

@@ -158,7 +158,8 @@ def test_image_store_downscales_and_gives_bands(tmp_path):
     store = ImageStore(scene, resolution=2, cache_dir=tmp_path)
     camera = store.camera(3)
     assert (camera.width, camera.height) == (248, 186)
-    np.testing.assert_allclose(camera.K[0, 0].item(), scene.views[3].camera.K[0, 0].item() * 248 / 495)
+    np.testing.assert_allclose(camera.K[0, 0].item(),
+                               scene.views[3].camera.K[0, 0].item() * 248 / 495)
     image = store.image(3)
     assert image.shape == (186, 248, 3) and image.dtype == torch.uint8
     assert torch.equal(store.image(3, rows=(10, 50)), image[10:50])

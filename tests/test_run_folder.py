@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from splatscale.cli import main
-from splatscale.model.ply import read_ply, write_ply
+from splatscale.model.ply import write_ply
 from splatscale.folder_lock import LOCK_NAME
 from tests.test_bad_input import assert_clean_error
 from tests.test_refused_runs import snapshot

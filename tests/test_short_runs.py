@@ -81,7 +81,8 @@ def test_a_run_shorter_than_its_schedule_says_how_to_fit_it(tmp_path, capsys):
 def test_max_pixels_caps_every_image_keeping_its_aspect(tmp_path):
     scene = demo_scene(tmp_path / "cache")
     full = scene.views[0].camera
-    store = ImageStore(scene, cache_dir=tmp_path / "cache", max_pixels=full.width * full.height // 9)
+    store = ImageStore(scene, cache_dir=tmp_path / "cache",
+                       max_pixels=full.width * full.height // 9)
     camera = store.camera(0)
     assert (camera.width, camera.height) == (round(full.width / 3), round(full.height / 3))
     assert camera.K[0, 0] == pytest.approx(full.K[0, 0] * camera.width / full.width)
