@@ -20,7 +20,8 @@ def direct_ssim_map(a, b):
     var_a, var_b = blur(a * a) - mu_a ** 2, blur(b * b) - mu_b ** 2
     cov = blur(a * b) - mu_a * mu_b
     c1, c2 = 0.01 ** 2, 0.03 ** 2
-    s = ((2 * mu_a * mu_b + c1) * (2 * cov + c2)) / ((mu_a ** 2 + mu_b ** 2 + c1) * (var_a + var_b + c2))
+    s = (((2 * mu_a * mu_b + c1) * (2 * cov + c2))
+         / ((mu_a ** 2 + mu_b ** 2 + c1) * (var_a + var_b + c2)))
     return s.permute(1, 2, 0)
 
 

@@ -85,8 +85,9 @@ class ImageStore:
     """The images of a scene at the training resolution, with matching cameras.
 
     ``resolution`` divides every image size (1, 2, 4, 8); ``max_width`` instead
-    caps the width, and ``max_pixels`` the pixel count (the aspect kept). Undistorted and downscaled copies are written once under
-    ``cache_dir`` and read from there afterwards. Decoded images stay in memory as
+    caps the width, and ``max_pixels`` the pixel count (the aspect kept).
+    Undistorted and downscaled copies are written once under ``cache_dir`` and
+    read from there afterwards. Decoded images stay in memory as
     uint8 up to ``memory_budget`` bytes (None: all of them); the others are kept
     as raw files under ``cache_dir`` (``image_memory.py``). ``decode_share`` (r, n):
     ``check`` decodes every n-th image from the r-th and, with n > 1, writes its raw
@@ -102,7 +103,8 @@ class ImageStore:
         if resolution not in (1, 2, 4, 8):
             raise ValueError(f"resolution must be 1, 2, 4 or 8, got {resolution}")
         self.scene = scene
-        self.background = tuple(float(c) for c in background)
+        red, green, blue = background
+        self.background = (float(red), float(green), float(blue))
         self.memory = ImageMemory(memory_budget, self._raw, self._load)
         self.decode_share = decode_share
         self._cameras = [self._scaled(v.camera, resolution, max_width, max_pixels)

@@ -79,7 +79,7 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
         np.cumsum(boxes[:, 3] - boxes[:, 2], out=row_starts[1:])
         spans = np.empty((row_starts[-1], 2), np.int32)
         block_spans = np.empty((row_starts[-1], BLOCK_ROWS, 2), np.int32)
-        if conics is None:
+        if conics is None or opacities is None:
             _box_spans(boxes, row_starts, spans, block_spans)
         else:
             _ellipse_spans(order, boxes, means, conics.detach().contiguous().numpy(),

@@ -85,8 +85,10 @@ def _project_pairs(means: Tensor, factors: Tensor, viewmats: Tensor, Ks: Tensor,
     tx = z * torch.maximum(torch.minimum(x / z, lim_x_pos), -lim_x_neg)
     ty = z * torch.maximum(torch.minimum(y / z, lim_y_pos), -lim_y_neg)
     # J = [[fx/z, 0, -fx tx/z^2], [0, fy/z, -fy ty/z^2]]; rows of J W:
-    jw0 = (fx / z)[..., None] * rotation[..., 0, :] - (fx * tx / (z * z))[..., None] * rotation[..., 2, :]
-    jw1 = (fy / z)[..., None] * rotation[..., 1, :] - (fy * ty / (z * z))[..., None] * rotation[..., 2, :]
+    jw0 = ((fx / z)[..., None] * rotation[..., 0, :]
+           - (fx * tx / (z * z))[..., None] * rotation[..., 2, :])
+    jw1 = ((fy / z)[..., None] * rotation[..., 1, :]
+           - (fy * ty / (z * z))[..., None] * rotation[..., 2, :])
     b0, b1 = _row_times(jw0, factors), _row_times(jw1, factors)
     cov2d = torch.stack([_dot3(b0, b0) + EPS2D, _dot3(b0, b1), _dot3(b1, b1) + EPS2D], dim=-1)
     means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1)

@@ -48,10 +48,10 @@ class Splats:
 def camera_tensors(cameras: Sequence[Camera], like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """The cameras' viewmats [C, 4, 4], Ks [C, 3, 3] and sizes [C, 2] (width, height),
     in the dtype and on the device of ``like``."""
-    to = dict(dtype=like.dtype, device=like.device)
-    viewmats = torch.stack([c.viewmat for c in cameras]).to(**to)
-    Ks = torch.stack([c.K for c in cameras]).to(**to)
-    sizes = torch.tensor([[c.width, c.height] for c in cameras], **to)
+    dtype, device = like.dtype, like.device
+    viewmats = torch.stack([c.viewmat for c in cameras]).to(device, dtype)
+    Ks = torch.stack([c.K for c in cameras]).to(device, dtype)
+    sizes = torch.tensor([[c.width, c.height] for c in cameras], dtype=dtype, device=device)
     return viewmats, Ks, sizes
 
 
