@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 
-from splatscale.render import cuda_backend, project, render
+from splatscale.backends import backend_named, cuda
+from splatscale.backends.cuda import Kernels, composite
+from splatscale.render import project, render
 from splatscale.render.binning import bin_tiles
 from splatscale.render.conventions import ALPHA_MAX, ALPHA_MIN, T_MIN
-from splatscale.render.cuda_backend import Kernels, composite
 from splatscale.render.rasterize import composite as cpu_composite
-from splatscale.engine.local import local_engine
-from splatscale.engine.offload import offload_engine
+from splatscale.engine.factory import OffloadOptions, make_engine
 from tests.conftest import (HANG_GUARD, densifying_run, densifying_scene, gsplat_kernel_boxes,
                             data_path, orbit_cameras, random_model, state_by_key)
 
@@ -88,6 +88,11 @@ def reference_kernels() -> Kernels:
                    _torch_impl._isect_offset_encode, rasterize_to_pixels)
 
 
+# The cuda backend's code with the stand-in kernels, on CPU tensors.
+STAND_INS = cuda.backend(reference_kernels)
+CPU = backend_named("cpu")
+
+
 def one_view(seed: int, dtype=torch.float64):
     camera = orbit_cameras(3, WIDTH, HEIGHT, dtype=dtype)[seed % 3]
     with torch.no_grad():
@@ -152,12 +157,6 @@ def test_equal_depths_are_composited_in_key_order():
     torch.testing.assert_close(ours[0], theirs[0], rtol=1e-9, atol=1e-12)
 
 
-@pytest.fixture
-def stand_ins(monkeypatch):
-    """The cuda backend runs on the CPU with the stand-in kernels."""
-    monkeypatch.setattr(cuda_backend, "cuda_kernels", reference_kernels)
-
-
 def weighted_sum(outputs, seed: int = 1):
     weights = torch.Generator().manual_seed(seed)
     return sum((o * torch.rand(o.shape, generator=weights, dtype=o.dtype)).sum()
@@ -172,11 +171,11 @@ def model_gradients(model, loss_of) -> dict:
 
 
 @pytest.mark.parametrize("degree", [0, 3])
-def test_cuda_projection_code_equals_the_cpu_backend(garden, stand_ins, degree):
+def test_cuda_projection_code_equals_the_cpu_backend(garden, degree):
     model, cameras = garden
     model = model.detach()
     model.sh_degree = degree
-    ours, theirs = project(model, cameras, backend="cuda"), project(model, cameras)
+    ours, theirs = project(model, cameras, backend=STAND_INS), project(model, cameras)
     assert torch.equal(ours.camera_ids, theirs.camera_ids)
     assert torch.equal(ours.gaussian_ids, theirs.gaussian_ids)
     assert ours.camera_offsets == theirs.camera_offsets
@@ -193,7 +192,7 @@ def test_cuda_projection_code_equals_the_cpu_backend(garden, stand_ins, degree):
             return weighted_sum([splats.means2d, splats.conics, splats.depths, splats.colors,
                                  splats.opacities])
         return loss
-    ours_grad, theirs_grad = (model_gradients(model, loss_of(b)) for b in ("cuda", "cpu"))
+    ours_grad, theirs_grad = (model_gradients(model, loss_of(b)) for b in (STAND_INS, CPU))
     for name in model.PARAMETERS:
         if theirs_grad[name] is None:  # shN at degree 0
             assert ours_grad[name] is None or not ours_grad[name].any()
@@ -202,17 +201,17 @@ def test_cuda_projection_code_equals_the_cpu_backend(garden, stand_ins, degree):
                                    msg=name)
 
 
-def test_cameras_of_different_sizes_are_projected_in_runs(stand_ins):
+def test_cameras_of_different_sizes_are_projected_in_runs():
     model = random_model(200, seed=3)
     cameras = orbit_cameras(3, WIDTH, HEIGHT)[:2] + orbit_cameras(3, 30, 20)[2:]
-    ours, theirs = project(model, cameras, backend="cuda"), project(model, cameras)
+    ours, theirs = project(model, cameras, backend=STAND_INS), project(model, cameras)
     assert ours.camera_offsets == theirs.camera_offsets
     assert torch.equal(ours.camera_ids, theirs.camera_ids)
     assert torch.equal(ours.gaussian_ids, theirs.gaussian_ids)
 
 
 @pytest.mark.parametrize("rows", [(0, HEIGHT), (9, 30)])
-def test_cuda_render_equals_the_cpu_render_with_gradients(stand_ins, rows):
+def test_cuda_render_equals_the_cpu_render_with_gradients(rows):
     model = random_model(150, seed=6)
     model.sh_degree = 2
     camera = orbit_cameras(3, WIDTH, HEIGHT)[1]
@@ -224,25 +223,25 @@ def test_cuda_render_equals_the_cpu_render_with_gradients(stand_ins, rows):
             return weighted_sum([out.rgb, out.alpha, out.depth])
         return loss
     with torch.no_grad():
-        ours = render(model, camera, rows, background, backend="cuda")
+        ours = render(model, camera, rows, background, backend=STAND_INS)
         theirs = render(model, camera, rows, background)
     for name in ("rgb", "alpha", "depth"):
         torch.testing.assert_close(getattr(ours, name), getattr(theirs, name), rtol=1e-9,
                                    atol=1e-11, msg=name)
-    ours_grad, theirs_grad = (model_gradients(model, loss_of(b)) for b in ("cuda", "cpu"))
+    ours_grad, theirs_grad = (model_gradients(model, loss_of(b)) for b in (STAND_INS, CPU))
     for name in model.PARAMETERS:
         torch.testing.assert_close(ours_grad[name], theirs_grad[name], rtol=1e-7, atol=1e-10,
                                    msg=name)
 
 
 @pytest.mark.parametrize("offload", [False, True])
-def test_engines_train_through_the_cuda_backend_as_through_the_cpu_one(stand_ins, offload):
+def test_engines_train_through_the_cuda_backend_as_through_the_cpu_one(offload):
     """Twelve steps with clones, splits, pruning and an opacity reset: the engines'
-    code with ``backend="cuda"`` (the stand-ins on the CPU) trains as the cpu backend."""
+    code with the cuda backend (the stand-ins on the CPU) trains as the cpu backend."""
     views, start = densifying_scene()
-    engine = offload_engine if offload else local_engine
-    runs = [engine(start.detach(), 2, torch.zeros(3, dtype=torch.float64), backend=backend)
-            for backend in ("cuda", "cpu")]
+    rows = OffloadOptions() if offload else None
+    runs = [make_engine(start.detach(), 2, torch.zeros(3, dtype=torch.float64), offload=rows,
+                        backend=backend) for backend in (STAND_INS, CPU)]
     losses = [densifying_run(run, views) for run in runs]
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-9, atol=0)
     ours, theirs = (state_by_key(run.state_dict()) for run in runs)

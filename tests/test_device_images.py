@@ -5,10 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from splatscale.backends import backend_named
 from splatscale.data.images import pixels_as_float
 from splatscale.engine import TrainView
 from splatscale.engine.device_images import DeviceImages
 from tests.conftest import orbit_cameras
+
+
+# The meta device holds no data: the cuda backend's way with images, without a GPU.
+OFF_HOST = dict(device=torch.device("meta"), backend=backend_named("cuda"))
 
 
 def views(count: int) -> list[TrainView]:
@@ -24,7 +29,7 @@ def test_on_the_cpu_the_views_own_images_are_used():
 
 def test_images_are_uploaded_once_and_kept_within_the_budget():
     image_bytes = 10 * 20 * 3 * 4
-    images = DeviceImages(torch.device("meta"), budget=2 * image_bytes)
+    images = DeviceImages(budget=2 * image_bytes, **OFF_HOST)
     first, second, third = views(3)
     kept = images.target(first)
     assert kept.device.type == "meta" and kept.shape == first.target.shape
@@ -37,7 +42,7 @@ def test_images_are_uploaded_once_and_kept_within_the_budget():
 
 def test_images_read_as_pixels_are_kept_as_pixels():
     pixel_bytes = 10 * 20 * 3
-    images = DeviceImages(torch.device("meta"), budget=2 * pixel_bytes)
+    images = DeviceImages(budget=2 * pixel_bytes, **OFF_HOST)
     pixels = torch.randint(0, 256, (10, 20, 3), dtype=torch.uint8)
     read = [TrainView(view.camera, read=lambda rows: pixels) for view in views(3)]
     targets = [images.target(view) for view in read]

@@ -1,10 +1,11 @@
-"""The cuda backend: both renderer stages through gsplat 1.5.3's kernels.
+"""The cuda backend: the renderer through gsplat 1.5.3's kernels, the rest in torch.
 
-``project`` and ``rasterize`` send CUDA tensors here (``render/backend.py``).
-Stage 1 is gsplat's fused projection, packed, with the opacity-aware box, and
-its spherical harmonics; stage 2 its tile intersections and compositing. The
-results are the ``Splats`` and ``RenderOutput`` the cpu backend returns, with
-gsplat's conventions, which the cpu backend follows (``render/conventions.py``).
+Stage 1 of the renderer is gsplat's fused projection, packed, with the
+opacity-aware box, and its spherical harmonics; stage 2 its tile intersections
+and compositing. The results are the ``Splats`` and ``RenderOutput`` the cpu
+backend returns, with gsplat's conventions, which the cpu backend follows
+(``render/conventions.py``). The loss, SSIM, Adam's step and the pixels' floats
+are torch operations; the device's memory, streams and events are CUDA's.
 
 A band of rows ``[y0, y1)`` is rendered by moving the splats up by ``y0`` and
 rendering an image ``y1 - y0`` rows high: a pixel's value depends only on the
@@ -15,25 +16,30 @@ kernels' sort by depth is stable.
 
 The kernels are reached through a ``Kernels`` object: gsplat's CUDA
 functions, or in the tests pure-torch stand-ins (gsplat's own references
-where they run on a CPU), which is how this module's own code (packing, SH,
-bands, ordering, the depth channel, autograd) is tested without a GPU.
+where they run on a CPU) given to ``backend``, which is how this module's own
+code (packing, SH, bands, ordering, the depth channel, autograd) is tested
+without a GPU.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from splatscale.backends import Backend, Streams
 from splatscale.data.cameras import Camera
 from splatscale.errors import SplatscaleError
 from splatscale.messages import notice
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.conventions import EPS2D, FAR_PLANE, NEAR_PLANE, TILE_SIZE
+from splatscale.render.projection import Visibility, visibility_torch
 from splatscale.render.splats import Splats, camera_centres, camera_offsets, camera_tensors
+from splatscale.step.loss import abs_difference_sum_torch, squared_error_sum_torch
+from splatscale.step.ssim import ssim_torch
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class Kernels:
     rasterize_to_pixels: Callable
 
 
-@lru_cache(maxsize=1)
+@functools.lru_cache(maxsize=1)
 def cuda_kernels() -> Kernels:
     """gsplat's CUDA kernels (compiled by gsplat on first use, then cached by it)."""
     try:
@@ -145,3 +151,59 @@ def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
         means2d, conics[order][None], features, opacities[order][None], width, y1 - y0,
         TILE_SIZE, offsets, flatten_ids, backgrounds=backgrounds)
     return out[0, ..., :3], out[0, ..., 3], alpha[0, ..., 0]
+
+
+def adam_step(param: Tensor, m: Tensor, v: Tensor, grad: Tensor, scale: float,
+              root_bias2: float, beta1: float, beta2: float, eps: float) -> None:
+    """``adam_kernels``' step in torch's in-place operations (``lerp_`` is
+    m + (1 - beta1) (g - m), the kernels' form)."""
+    m.lerp_(grad, 1 - beta1)
+    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    param.addcdiv_(m, v.sqrt().div_(root_bias2).add_(eps), value=scale)
+
+
+def pixels_as_float(pixels: Tensor, dtype: torch.dtype) -> Tensor:
+    """Looked up in a table the host divided: CUDA's division by a number multiplies
+    by its reciprocal, a bit off the host's quotient for half the values."""
+    return _levels(dtype, pixels.device)[pixels.long()]
+
+
+@functools.cache
+def _levels(dtype: torch.dtype, device: torch.device) -> Tensor:
+    """k / 255 for k = 0..255, divided on the host."""
+    return (torch.arange(256, dtype=dtype) / 255.0).to(device)
+
+
+def free_memory(device: torch.device) -> int:
+    free, _ = torch.cuda.mem_get_info(device)
+    return free
+
+
+STREAMS = Streams(new=torch.cuda.Stream, current=torch.cuda.current_stream,
+                  using=torch.cuda.stream,
+                  event=lambda timing: torch.cuda.Event(enable_timing=timing))
+
+
+def backend(kernels: Callable[[], Kernels] = cuda_kernels) -> Backend:
+    """The cuda backend, its renderer's kernels ``kernels()`` (asked for at each use,
+    so that gsplat loads when the first view is rendered)."""
+
+    def project_(model: GaussianModel, cameras: list[Camera],
+                 seen: Visibility | None) -> Splats:
+        return project(model, cameras, kernels())
+
+    def composite_(splats: Splats, background: Tensor, width: int,
+                   rows: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+        return composite(splats.means2d, splats.conics, splats.colors, splats.depths,
+                         splats.opacities, splats.radii, splats.keys, background, width, rows,
+                         kernels())
+
+    return Backend(
+        name="cuda", project=project_, visibility=visibility_torch, composite=composite_,
+        abs_difference_sum=abs_difference_sum_torch, squared_error_sum=squared_error_sum_torch,
+        ssim=ssim_torch, adam_step=adam_step, pixels_as_float=pixels_as_float,
+        shares_host_memory=False, free_memory=free_memory, synchronize=torch.cuda.synchronize,
+        streams=STREAMS)
+
+
+BACKEND = backend()

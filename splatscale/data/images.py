@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import os
@@ -15,6 +14,7 @@ from PIL import Image
 from tqdm import tqdm
 
 from splatscale.atomic import atomic_path
+from splatscale.backends import backend_for
 from splatscale.data.cameras import Camera
 from splatscale.data.image_memory import ImageMemory
 from splatscale.data.scene import Scene, View
@@ -258,15 +258,6 @@ class ImageStore:
 
 
 def pixels_as_float(pixels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 pixels as ``dtype`` in [0, 1], the same on every device: divided on the
-    host, looked up elsewhere in a table the host divided (CUDA's division by a number
-    multiplies by its reciprocal, a bit off for half the values)."""
-    if pixels.device.type == "cpu":
-        return pixels.to(dtype) / 255.0
-    return _levels(dtype, pixels.device)[pixels.long()]
-
-
-@functools.cache
-def _levels(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """k / 255 for k = 0..255, divided on the host."""
-    return (torch.arange(256, dtype=dtype) / 255.0).to(device)
+    """uint8 pixels as ``dtype`` in [0, 1], the same on every device (the host's
+    division by 255), by the backend of their device."""
+    return backend_for(pixels.device).pixels_as_float(pixels, dtype)

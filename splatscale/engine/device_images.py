@@ -5,27 +5,30 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from splatscale.data.images import pixels_as_float
+from splatscale.backends import Backend, backend_for
 from splatscale.engine import TrainView
 
 BUDGET_SHARE = 0.25  # of the device memory free when the first image arrives
 
 
 class DeviceImages:
-    """The targets of training views on ``device``. On the CPU they are the views' own
-    tensors; elsewhere an image is uploaded the first time its view comes, as its uint8
-    pixels where the view was read from them (a quarter of the float bytes), and kept,
-    by camera name, until the kept images would pass ``budget`` bytes (by default a
-    quarter of the free device memory); later ones are uploaded at each use."""
+    """The targets of training views on ``device``, whose backend is ``backend`` (None:
+    the device's). Where the device is host memory they are the views' own tensors;
+    elsewhere an image is uploaded the first time its view comes, as its uint8 pixels
+    where the view was read from them (a quarter of the float bytes), and kept, by
+    camera name, until the kept images would pass ``budget`` bytes (by default a
+    quarter of the device memory free then); later ones are uploaded at each use."""
 
-    def __init__(self, device: torch.device, budget: int | None = None) -> None:
+    def __init__(self, device: torch.device, budget: int | None = None,
+                 backend: Backend | None = None) -> None:
         self.device = device
+        self.backend = backend or backend_for(device)
         self.budget = budget
         self.kept: dict[str, Tensor] = {}
         self.kept_bytes = 0
 
     def target(self, view: TrainView) -> Tensor:
-        if self.device.type == "cpu":
+        if self.backend.shares_host_memory:
             return view.target
         name = view.camera.name
         image = self.kept.get(name)
@@ -36,10 +39,11 @@ class DeviceImages:
             if name and self.kept_bytes + image.nbytes <= self._budget():
                 self.kept[name] = image
                 self.kept_bytes += image.nbytes
-        return pixels_as_float(image) if image.dtype == torch.uint8 else image
+        if image.dtype == torch.uint8:
+            return self.backend.pixels_as_float(image, torch.float32)
+        return image
 
     def _budget(self) -> int:
         if self.budget is None:
-            free, _ = torch.cuda.mem_get_info(self.device)
-            self.budget = int(free * BUDGET_SHARE)
+            self.budget = int(self.backend.free_memory(self.device) * BUDGET_SHARE)
         return self.budget

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
-from splatscale.render.backend import Backend
+from splatscale.backends import Backend
 from splatscale.render.projection import project
 from splatscale.render.rasterize import RenderOutput, rasterize
 from splatscale.render.splats import Splats
@@ -17,7 +17,8 @@ from splatscale.render.splats import Splats
 
 def render(model: GaussianModel, camera: Camera, rows: tuple[int, int] | None = None,
            background: Tensor | None = None, backend: Backend | None = None) -> RenderOutput:
-    """Project ``model`` into ``camera`` and rasterize rows ``[y0, y1)`` (default all)."""
+    """Project ``model`` into ``camera`` and rasterize rows ``[y0, y1)`` (default all),
+    with ``backend`` (None: the backend of the model's device)."""
     splats = project(model, [camera], backend=backend)
     return rasterize(splats.of_camera(0), camera.width, camera.height, rows, background,
                      backend)

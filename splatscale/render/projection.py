@@ -1,10 +1,12 @@
 """Stage 1 of the renderer: EWA projection of Gaussians into a batch of cameras.
 
-The cpu backend's: numba kernels on the CPU (``projection_kernels``), plain
-differentiable torch on other devices and as their reference; CUDA tensors go
-to the cuda backend (gsplat's kernels). Visibility is decided once for every (camera,
-Gaussian) pair without autograd; the differentiable quantities are then
-computed for the visible pairs only, so nothing invalid enters the graph.
+``project`` and ``visibility`` run the backend of the tensors' device
+(``splatscale.backends``). The cpu backend's are here: numba kernels
+(``projection_kernels``, ``sh_kernels``), with plain differentiable torch as their
+reference; the torch visibility test serves devices without those kernels.
+Visibility is decided once for every (camera, Gaussian) pair without autograd;
+the differentiable quantities are then computed for the visible pairs only, so
+nothing invalid enters the graph.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FRUSTUM_CLAMP,
                                            NEAR_PLANE, RADIUS_SIGMAS)
-from splatscale.render import cuda_backend, projection_kernels, sh_kernels
-from splatscale.render.backend import Backend, backend_for
+from splatscale.backends import Backend, backend_for
+from splatscale.render import projection_kernels, sh_kernels
 from splatscale.render.sh import sh_to_color
 from splatscale.render.splats import Splats, camera_centres, camera_offsets, camera_tensors
 
@@ -225,15 +227,27 @@ class Geometry(Protocol):
     opacity_logits: Tensor
 
 
-@torch.no_grad()
 def visibility(model: Geometry, cameras: Sequence[Camera]) -> Visibility:
-    """Which Gaussians each camera keeps: ``project``'s test, without projecting
-    (numba kernels on the CPU, torch elsewhere)."""
-    tensors = (model.means, model.quats, model.log_scales, model.opacity_logits,
-               *camera_tensors(list(cameras), model.means))
-    if model.means.device.type == "cpu":
-        return _visibility_kernel(*tensors)
-    return _visibility_torch(*tensors)
+    """Which Gaussians each camera keeps: ``project``'s test, without projecting, by
+    the backend of the model's device."""
+    return backend_for(model.means.device).visibility(model, list(cameras))
+
+
+def _geometry_tensors(model: Geometry, cameras: list[Camera]) -> tuple[Tensor, ...]:
+    return (model.means, model.quats, model.log_scales, model.opacity_logits,
+            *camera_tensors(cameras, model.means))
+
+
+@torch.no_grad()
+def visibility_cpu(model: Geometry, cameras: list[Camera]) -> Visibility:
+    """``visibility`` by the numba kernel (CPU tensors)."""
+    return _visibility_kernel(*_geometry_tensors(model, cameras))
+
+
+@torch.no_grad()
+def visibility_torch(model: Geometry, cameras: list[Camera]) -> Visibility:
+    """``visibility`` in torch operations, on any device: every pair projected at once."""
+    return _visibility_torch(*_geometry_tensors(model, cameras))
 
 
 def _visibility_torch(means: Tensor, quats: Tensor, log_scales: Tensor, opacity_logits: Tensor,
@@ -258,39 +272,29 @@ def project(model: GaussianModel, cameras: Sequence[Camera] | Camera,
             seen: Visibility | None = None, backend: Backend | None = None) -> Splats:
     """Project every Gaussian of ``model`` into every camera; keep the visible pairs
     (``seen``, when the caller has already run the test on this model; the cuda
-    backend decides visibility inside its kernel and does not need it)."""
+    backend decides visibility inside its kernel and does not need it). ``backend``
+    None: the backend of the model's device."""
     if isinstance(cameras, Camera):
         cameras = [cameras]
-    cameras = list(cameras)
-    if backend_for(model.means, backend) == "cuda":
-        return cuda_backend.project(model, cameras, cuda_backend.cuda_kernels())
+    backend = backend or backend_for(model.means.device)
+    return backend.project(model, list(cameras), seen)
+
+
+def project_cpu(model: GaussianModel, cameras: list[Camera],
+                seen: Visibility | None) -> Splats:
+    """``project`` by the numba kernels (CPU tensors)."""
     viewmats, Ks, sizes = camera_tensors(cameras, model.means)
-    seen = seen or visibility(model, cameras)
+    seen = seen or visibility_cpu(model, cameras)
     radii, visible = seen.radii, seen.visible
     camera_ids, gaussian_ids = visible.nonzero(as_tuple=True)
     offsets = camera_offsets(camera_ids, len(cameras)).tolist()
-
     # The differentiable pass sees only the visible pairs, so its cost (forward and
     # backward) follows what is on screen, not the size of the model.
-    def per_gaussian(t: Tensor) -> Tensor:
-        return t.index_select(0, gaussian_ids)
-
-    def per_camera(t: Tensor) -> Tensor:
-        return t.index_select(0, camera_ids)
-
-    centres = camera_centres(viewmats)
-    if model.means.device.type == "cpu":
-        means2d, conics, depths = _EwaPairs.apply(model.means, model.quats, model.log_scales,
-                                                  gaussian_ids, camera_ids, viewmats, Ks, sizes)
-        colors = _ShColors.apply(model.means, model.sh0, model.shN, gaussian_ids, camera_ids,
-                                 centres, model.sh_degree)
-    else:
-        means2d, conics, depths = _ewa_pairs(per_gaussian(model.means), per_gaussian(model.quats),
-                                             per_gaussian(model.log_scales), per_camera(viewmats),
-                                             per_camera(Ks), per_camera(sizes))
-        colors = _sh_colors(model.means, model.sh0, model.shN, gaussian_ids, camera_ids,
-                            centres, model.sh_degree)
+    means2d, conics, depths = _EwaPairs.apply(model.means, model.quats, model.log_scales,
+                                              gaussian_ids, camera_ids, viewmats, Ks, sizes)
+    colors = _ShColors.apply(model.means, model.sh0, model.shN, gaussian_ids, camera_ids,
+                             camera_centres(viewmats), model.sh_degree)
     return Splats(camera_ids, gaussian_ids, means2d, conics, depths,
                   radii[camera_ids, gaussian_ids], colors,
-                  torch.sigmoid(per_gaussian(model.opacity_logits)), per_gaussian(model.keys),
-                  offsets, cameras)
+                  torch.sigmoid(model.opacity_logits.index_select(0, gaussian_ids)),
+                  model.keys.index_select(0, gaussian_ids), offsets, cameras)

@@ -1,4 +1,8 @@
-"""Stage 2 of the renderer: composite one camera's splats into a band of pixel rows."""
+"""Stage 2 of the renderer: composite one camera's splats into a band of pixel rows.
+
+``rasterize`` runs the backend of the splats' device (``splatscale.backends``); the
+cpu backend's compositing is here: tile binning, then numba kernels.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +13,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from splatscale.render import compositing_kernels, cuda_backend
+from splatscale.backends import Backend, backend_for
+from splatscale.render import compositing_kernels
 from splatscale.render.binning import TileBins, bin_tiles
-from splatscale.render.backend import Backend, backend_for
 from splatscale.render.splats import Splats
 
 DEPTH_EPS = 1e-10
@@ -91,13 +95,12 @@ class _Composite(torch.autograd.Function):
         means2d, background, final_T, last = ctx.saved_tensors
         splat_ids = _numpy(ctx.splat_ids)
         # Buffers from torch, not numpy, so that torch's profiler counts them.
-        isect_grads = torch.empty((len(splat_ids), compositing_kernels.GRAD_WIDTH), dtype=means2d.dtype)
-        compositing_kernels.backward(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
-                             _numpy(v_depth_sum), _numpy(v_alpha), isect_grads.numpy())
-        grads = torch.zeros((means2d.shape[0], compositing_kernels.GRAD_WIDTH), dtype=means2d.dtype)
-        compositing_kernels.sum_per_splat(splat_ids, isect_grads.numpy(), grads.numpy(),
-                                  numba.get_num_threads())
         k = compositing_kernels
+        isect_grads = torch.empty((len(splat_ids), k.GRAD_WIDTH), dtype=means2d.dtype)
+        k.backward(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
+                   _numpy(v_depth_sum), _numpy(v_alpha), isect_grads.numpy())
+        grads = torch.zeros((means2d.shape[0], k.GRAD_WIDTH), dtype=means2d.dtype)
+        k.sum_per_splat(splat_ids, isect_grads.numpy(), grads.numpy(), numba.get_num_threads())
         v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
         return (grads[:, k.GRAD_MEAN:k.GRAD_MEAN + 2], grads[:, k.GRAD_CONIC:k.GRAD_CONIC + 3],
                 grads[:, k.GRAD_COLOR:k.GRAD_COLOR + 3], grads[:, k.GRAD_DEPTH],
@@ -116,14 +119,23 @@ def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
                             rows)
 
 
+def composite_cpu(splats: Splats, background: Tensor, width: int,
+                  rows: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    """The cpu backend's ``composite``: ``splats`` binned into tiles, then composited by
+    the numba kernels."""
+    bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, width, rows,
+                     splats.conics, splats.opacities)
+    return composite(splats.means2d, splats.conics, splats.colors, splats.depths,
+                     splats.opacities, background, bins, width, rows)
+
+
 def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | None = None,
               background: Tensor | None = None, backend: Backend | None = None) -> RenderOutput:
     """Render pixel rows ``[y0, y1)`` (default: all) of one camera's splats.
 
     The band's pixels and gradients equal those rows of a full render: tiles
-    stay on the image's 16x16 grid whatever the band. CUDA tensors are
-    composited by gsplat's kernels (``cuda_backend``), the others by numba's, unless
-    ``backend`` names one.
+    stay on the image's 16x16 grid whatever the band. ``backend`` None: the backend
+    of the splats' device.
     """
     y0, y1 = rows if rows is not None else (0, height)
     if not 0 <= y0 < y1 <= height:
@@ -133,14 +145,6 @@ def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | N
     dtype, device = splats.means2d.dtype, splats.means2d.device
     background = (torch.zeros(3, dtype=dtype, device=device) if background is None
                   else background.to(dtype=dtype, device=device))
-    if backend_for(splats.means2d, backend) == "cuda":
-        rgb, depth_sum, alpha = cuda_backend.composite(
-            splats.means2d, splats.conics, splats.colors, splats.depths, splats.opacities,
-            splats.radii, splats.keys, background, width, (y0, y1), cuda_backend.cuda_kernels())
-    else:
-        bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, width,
-                         (y0, y1), splats.conics, splats.opacities)
-        rgb, depth_sum, alpha = composite(splats.means2d, splats.conics, splats.colors,
-                                          splats.depths, splats.opacities, background,
-                                          bins, width, (y0, y1))
+    backend = backend or backend_for(device)
+    rgb, depth_sum, alpha = backend.composite(splats, background, width, (y0, y1))
     return RenderOutput(rgb, alpha, depth_sum / torch.clamp_min(alpha, DEPTH_EPS), (y0, y1))

@@ -1,8 +1,9 @@
 """The 3DGS loss, (1 - w) L1 + w (1 - SSIM), and the image metrics.
 
-On the CPU, the L1 sum and its gradient's signs, and PSNR's squared error, are
-each one pass of a numba kernel over the image rather than torch's three to four
-full-image passes.
+The L1 sum and PSNR's squared error are the backend's (``splatscale.backends``):
+on the CPU each is one pass of a numba kernel over the image (the L1 sum with its
+gradient's signs) rather than torch's three to four full-image passes; torch's
+operations elsewhere.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from splatscale.backends import backend_for
 from splatscale.step.ssim import ssim
 
 
@@ -68,8 +70,16 @@ class _CpuAbsDifferenceSum(torch.autograd.Function):
 
 def abs_difference_sum(image: Tensor, target: Tensor) -> Tensor:
     """sum |image - target|, differentiable in ``image``."""
-    if image.device.type == "cpu":
-        return _CpuAbsDifferenceSum.apply(image, target)
+    return backend_for(image.device).abs_difference_sum(image, target)
+
+
+def abs_difference_sum_cpu(image: Tensor, target: Tensor) -> Tensor:
+    """``abs_difference_sum`` by the numba kernel (CPU tensors)."""
+    return _CpuAbsDifferenceSum.apply(image, target)
+
+
+def abs_difference_sum_torch(image: Tensor, target: Tensor) -> Tensor:
+    """``abs_difference_sum`` in torch operations, on any device."""
     return (image - target).abs().sum()
 
 
@@ -90,10 +100,27 @@ def photometric_loss(image: Tensor, target: Tensor, ssim_weight: float = 0.2,
     return (1 - ssim_weight) * l1 + ssim_weight * (own / count - ssim(image, target, rows, count))
 
 
+def squared_error_sum(image: Tensor, target: Tensor) -> float:
+    """sum (clamp(image, 0, 1) - target)^2, accumulated in float64."""
+    return backend_for(image.device).squared_error_sum(image, target)
+
+
+def squared_error_sum_cpu(image: Tensor, target: Tensor) -> float:
+    """``squared_error_sum`` by the numba kernel (CPU tensors)."""
+    return float(_clamped_squared_error_sum(_rows(image), _rows(target)))
+
+
+def squared_error_sum_torch(image: Tensor, target: Tensor) -> float:
+    """``squared_error_sum`` in torch operations, on any device."""
+    return float(((image.clamp(0, 1) - target).double() ** 2).sum())
+
+
+def psnr_of(squared_error: float, count: int) -> float:
+    """PSNR of a summed squared error over ``count`` elements."""
+    mse = squared_error / count
+    return float("inf") if mse == 0 else -10 * math.log10(mse)
+
+
 def psnr(image: Tensor, target: Tensor) -> float:
     """PSNR of ``image`` clamped to [0, 1] against ``target``."""
-    if image.device.type == "cpu":
-        mse = _clamped_squared_error_sum(_rows(image), _rows(target)) / image.numel()
-    else:
-        mse = torch.mean((image.clamp(0, 1) - target) ** 2).item()
-    return float("inf") if mse == 0 else -10 * math.log10(mse)
+    return psnr_of(squared_error_sum(image, target), image.numel())

@@ -1,13 +1,13 @@
 """SSIM with the 3DGS window: 11x11 Gaussian (sigma 1.5), zero padding of 5.
 
 ``ssim_map`` is plain torch (two 1D convolutions: the window is separable).
-On the CPU, ``ssim`` instead runs a fused numba kernel that returns the mean
-and its gradient in one go: torch's depthwise convolutions and the many
-full-image elementwise passes around them are memory-bound and several times
-slower there. The kernel reads the [h, W, 3] images as they are, rows of
-interleaved channels, so neither they nor the gradient are transposed. The
-window is symmetric, so the blur is self-adjoint and the gradient needs only
-blurs of per-pixel partial derivatives.
+``ssim`` is the backend's (``splatscale.backends``): torch's on a GPU, and on
+the CPU a fused numba kernel that returns the mean and its gradient in one go:
+torch's depthwise convolutions and the many full-image elementwise passes
+around them are memory-bound and several times slower there. The kernel reads
+the [h, W, 3] images as they are, rows of interleaved channels, so neither they
+nor the gradient are transposed. The window is symmetric, so the blur is
+self-adjoint and the gradient needs only blurs of per-pixel partial derivatives.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from splatscale.backends import backend_for
 
 WINDOW, SIGMA = 11, 1.5
 RADIUS = WINDOW // 2
@@ -179,6 +181,14 @@ def ssim(image: Tensor, target: Tensor, rows: tuple[int, int] | None = None,
     """
     rows = rows or (0, image.shape[0])
     count = count or (rows[1] - rows[0]) * image.shape[1] * image.shape[2]
-    if image.device.type == "cpu":
-        return _CpuSsim.apply(image, target, rows, count)
+    return backend_for(image.device).ssim(image, target, rows, count)
+
+
+def ssim_cpu(image: Tensor, target: Tensor, rows: tuple[int, int], count: int) -> Tensor:
+    """``ssim`` by the fused numba kernel (CPU tensors)."""
+    return _CpuSsim.apply(image, target, rows, count)
+
+
+def ssim_torch(image: Tensor, target: Tensor, rows: tuple[int, int], count: int) -> Tensor:
+    """``ssim`` in torch operations, on any device."""
     return ssim_map(image, target)[rows[0]:rows[1]].sum() / count
