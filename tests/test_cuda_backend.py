@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from functools import partial
 
 import pytest
 import torch
@@ -25,12 +26,16 @@ WIDTH, HEIGHT = 45, 37  # not multiples of 16
 
 
 def rasterize_to_pixels(means2d, conics, colors, opacities, width, height, tile_size, offsets,
-                        flatten_ids, backgrounds):
+                        flatten_ids, backgrounds, absgrad=False):
     """A pure-torch stand-in for gsplat's CUDA ``rasterize_to_pixels`` (one image),
     following its kernel: each pixel takes its tile's splats in the given order,
     alpha = min(0.999, opacity exp(-sigma)), skips alpha < 1/255, and stops before
-    the transmittance would reach 1e-4."""
+    the transmittance would reach 1e-4. With ``absgrad``, the backward pass leaves
+    on ``means2d`` (as gsplat's does) an ``absgrad`` [1, M, 2]: each pixel reads the
+    means from a copy of its own, whose gradient (a hook's) is that pixel's alone."""
     channels = colors.shape[-1]
+    if absgrad:
+        means2d.absgrad = torch.zeros_like(means2d.detach())
     ends = torch.cat([offsets.flatten()[1:], torch.tensor([len(flatten_ids)])])
     image = torch.zeros(height, width, channels, dtype=colors.dtype)
     alphas = torch.zeros(height, width, 1, dtype=colors.dtype)
@@ -42,7 +47,11 @@ def rasterize_to_pixels(means2d, conics, colors, opacities, width, height, tile_
                                 indexing="ij")
         ys, xs = ys.flatten(), xs.flatten()
         ids = flatten_ids[start:end]
-        d = torch.stack([xs + 0.5, ys + 0.5], -1)[:, None].to(colors.dtype) - means2d[0, ids]
+        means = means2d[0, ids]
+        if absgrad:
+            means = means.expand(len(ys), *means.shape)
+            means.register_hook(partial(_add_abs, means2d.absgrad[0], ids))
+        d = torch.stack([xs + 0.5, ys + 0.5], -1)[:, None].to(colors.dtype) - means
         a, b, c = conics[0, ids].unbind(-1)
         sigma = 0.5 * (a * d[..., 0] ** 2 + c * d[..., 1] ** 2) + b * d[..., 0] * d[..., 1]
         alpha = torch.clamp_max(opacities[0, ids] * torch.exp(-sigma), ALPHA_MAX)
@@ -55,6 +64,11 @@ def rasterize_to_pixels(means2d, conics, colors, opacities, width, height, tile_
         image = image.index_put((ys, xs), rgb)
         alphas = alphas.index_put((ys, xs), alpha[:, None])
     return (image + (1 - alphas) * backgrounds[0])[None], alphas[None]
+
+
+def _add_abs(total, ids, per_pixel):
+    """Each splat's absolute gradients [pixels, splats, 2] summed over the pixels."""
+    total.index_add_(0, ids, per_pixel.abs().sum(0))
 
 
 def isect_tiles(means2d, radii, depths, tile_size, tiles_x, tiles_y):

@@ -52,7 +52,8 @@ class Backend:
     - ``composite(splats, background, width, rows) -> (rgb, depth_sum, alpha)``: one
       camera's splats composited into rows ``[y0, y1)``: rgb [h, W, 3] over
       ``background``, the alpha-weighted depth sum [h, W] and alpha [h, W];
-      differentiable.
+      differentiable, and where ``splats.absgrad`` is not None its gradient is the
+      sum over the band's pixels of each pixel's |d loss / d means2d|, x and y apart.
 
     The loss, of [h, W, 3] images:
 

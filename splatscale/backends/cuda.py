@@ -14,11 +14,16 @@ falls, so the band equals those rows of a full render. Equal depths (a clone
 has its parent's) are ordered by key: the splats go in sorted by key, and the
 kernels' sort by depth is stable.
 
+``absgrad`` (``Splats.absgrad``) is gsplat's: its compositing kernel, asked for
+it, sets the sum of the absolute per-pixel gradients on the ``means2d`` tensor
+it was given, as that tensor's ``.absgrad``, in its backward pass;
+``_WithAbsgrad`` hands it back as the gradient of the splats' ``absgrad``.
+
 The kernels are reached through a ``Kernels`` object: gsplat's CUDA
 functions, or in the tests pure-torch stand-ins (gsplat's own references
 where they run on a CPU) given to ``backend``, which is how this module's own
-code (packing, SH, bands, ordering, the depth channel, autograd) is tested
-without a GPU.
+code (packing, SH, bands, ordering, the depth channel, absgrad, autograd) is
+tested without a GPU.
 """
 
 from __future__ import annotations
@@ -133,9 +138,11 @@ def _colors(model: GaussianModel, viewmats: Tensor, camera_ids: Tensor, gaussian
 
 def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
               opacities: Tensor, radii: Tensor, keys: Tensor, background: Tensor, width: int,
-              rows: tuple[int, int], kernels: Kernels) -> tuple[Tensor, Tensor, Tensor]:
+              rows: tuple[int, int], kernels: Kernels, absgrad: Tensor | None = None
+              ) -> tuple[Tensor, Tensor, Tensor]:
     """rgb [h, W, 3] over ``background``, the alpha-weighted depth sum [h, W] and
-    alpha [h, W] of rows ``[y0, y1)``, as ``rasterize.composite`` returns them."""
+    alpha [h, W] of rows ``[y0, y1)``, as ``rasterize.composite`` returns them, and
+    ``absgrad``'s gradient as it gives it."""
     y0, y1 = rows
     order = torch.argsort(keys)
     shift = torch.tensor([0.0, float(y0)], dtype=means2d.dtype, device=means2d.device)
@@ -147,10 +154,53 @@ def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
     offsets = kernels.isect_offset_encode(isect_ids, 1, tiles_x, tiles_y)
     features = torch.cat([colors[order], depths[:, None]], dim=1)[None]
     backgrounds = torch.cat([background, background.new_zeros(1)])[None]
-    out, alpha = kernels.rasterize_to_pixels(
-        means2d, conics[order][None], features, opacities[order][None], width, y1 - y0,
-        TILE_SIZE, offsets, flatten_ids, backgrounds=backgrounds)
+    rasterize = functools.partial(_rasterize, kernels, width, y1 - y0, offsets, flatten_ids)
+    inputs = (means2d, conics[order][None], features, opacities[order][None], backgrounds)
+    if absgrad is None:
+        out, alpha = rasterize(*inputs)
+    else:  # in key order, as the kernel gets the splats: autograd takes it back
+        out, alpha = _WithAbsgrad.apply(rasterize, absgrad[order], *inputs)
     return out[0, ..., :3], out[0, ..., 3], alpha[0, ..., 0]
+
+
+def _rasterize(kernels: Kernels, width: int, height: int, offsets: Tensor, flatten_ids: Tensor,
+               means2d: Tensor, conics: Tensor, features: Tensor, opacities: Tensor,
+               backgrounds: Tensor, absgrad: bool = False) -> tuple[Tensor, Tensor]:
+    return kernels.rasterize_to_pixels(means2d, conics, features, opacities, width, height,
+                                       TILE_SIZE, offsets, flatten_ids, backgrounds=backgrounds,
+                                       absgrad=absgrad)
+
+
+class _WithAbsgrad(torch.autograd.Function):
+    """``rasterize(means2d, conics, features, opacities, backgrounds, absgrad=True)`` on
+    leaves of its own; the gradient of ``absgrad`` is the ``.absgrad`` that the kernel's
+    backward sets on the ``means2d`` leaf it was given.
+
+    The kernel tags the very tensor object it saved, which its node frees once its
+    backward has run: holding the leaves here keeps that object for this backward,
+    with no reference from the leaves back to this node (no cycle to collect).
+    """
+
+    @staticmethod
+    def forward(ctx, rasterize, absgrad, *inputs):
+        # means2d's leaf always takes a gradient: the kernel's backward must run.
+        needs = (True, *ctx.needs_input_grad[3:])
+        with torch.enable_grad():
+            ctx.leaves = [t.detach().contiguous().requires_grad_(need)
+                          for t, need in zip(inputs, needs)]
+            ctx.outputs = rasterize(*ctx.leaves, absgrad=True)
+        return tuple(output.detach() for output in ctx.outputs)
+
+    @staticmethod
+    def backward(ctx, *v_outputs):
+        taking = [leaf for leaf in ctx.leaves if leaf.requires_grad]
+        grads = iter(torch.autograd.grad(ctx.outputs, taking, v_outputs, allow_unused=True))
+        v_inputs = [next(grads) if leaf.requires_grad else None for leaf in ctx.leaves]
+        v_absgrad = ctx.leaves[0].absgrad[0]
+        ctx.leaves = ctx.outputs = None  # the inner graph is spent
+        if not ctx.needs_input_grad[2]:
+            v_inputs[0] = None
+        return (None, v_absgrad, *v_inputs)
 
 
 def adam_step(param: Tensor, m: Tensor, v: Tensor, grad: Tensor, scale: float,
@@ -196,7 +246,7 @@ def backend(kernels: Callable[[], Kernels] = cuda_kernels) -> Backend:
                    rows: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
         return composite(splats.means2d, splats.conics, splats.colors, splats.depths,
                          splats.opacities, splats.radii, splats.keys, background, width, rows,
-                         kernels())
+                         kernels(), splats.absgrad)
 
     return Backend(
         name="cuda", project=project_, visibility=visibility_torch, composite=composite_,

@@ -10,6 +10,9 @@ changes no pixel and no gradient. The kernels composite exactly four channels,
 RGB and depth, fused into the pixel loop rather than looped over.
 The backward pass writes one gradient row per intersection; rows are summed per
 splat afterwards in a fixed order, so results never depend on thread timing.
+``backward_with_absgrad`` also writes, per intersection, the sum over pixels of
+the absolute per-pixel gradient of the 2D mean (AbsGS's, gsplat's ``absgrad``);
+the two kernels are one body compiled twice, so ``backward`` does no work for it.
 
 The kernels are generic over float32 and float64: their constants come from
 ``_constants``, typed like the data (a float64 literal would silently widen
@@ -34,9 +37,11 @@ PIXELS = TILE * TILE
 SIGMA_CAP = 10.0
 
 CHANNELS = 4  # red, green, blue, depth
-# Gradient row layout per intersection: means2d (2), conic (3), opacity, rgb (3), depth.
-GRAD_MEAN, GRAD_CONIC, GRAD_OPACITY, GRAD_COLOR, GRAD_DEPTH = 0, 2, 5, 6, 9
+# Gradient row layout per intersection: means2d (2), conic (3), opacity, rgb (3), depth;
+# with absgrad, then the absolute per-pixel means2d gradients summed (x, y).
+GRAD_MEAN, GRAD_CONIC, GRAD_OPACITY, GRAD_COLOR, GRAD_DEPTH, GRAD_ABS_MEAN = 0, 2, 5, 6, 9, 10
 GRAD_WIDTH = 10
+ABSGRAD_WIDTH = 12
 
 # The kernels read the splats through ``pack``: one row per intersection, in
 # intersection order (tile by tile, nearest first), so a tile reads consecutive
@@ -248,9 +253,11 @@ def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, 
 
 
 @nb.njit(inline="always", fastmath=True)
-def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, reached, out):
+def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, reached, out,
+                    absgrad):
     """Gradient of intersection k's splat over the blocks set in ``reached``, written
-    to ``out[k]``.
+    to ``out[k]`` (with ``absgrad``, a constant, its absolute per-pixel means2d
+    gradients summed too).
 
     Un-blends the splat (T recovered by division, as the CUDA kernels do). Per
     pixel, ``v_out`` is d loss / d pixel channels, ``behind`` the channels of
@@ -265,6 +272,7 @@ def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, re
     # d sigma / d(conic, mean) are products of dx, dy: sum v_sigma times each over the
     # pixels, and form the gradients once per splat after the loop.
     s_x = s_y = s_xx = s_xy = s_yy = v_op = v_c0 = v_c1 = v_c2 = v_c3 = zero
+    abs_x = abs_y = zero
     for block in range(BLOCKS):
         if not reached >> block & 1:
             continue
@@ -300,19 +308,42 @@ def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, re
             s_xx += dx * x_sigma
             s_xy += dy * x_sigma
             s_yy += dy * y_sigma
+            if absgrad:  # this pixel's own d loss / d mean (gsplat's v_xy_local)
+                abs_x += abs(v_sigma * (ca * dx + cb * dy))
+                abs_y += abs(v_sigma * (cb * dx + cc * dy))
     out[k, GRAD_MEAN], out[k, GRAD_MEAN + 1] = ca * s_x + cb * s_y, cc * s_y + cb * s_x
     out[k, GRAD_CONIC], out[k, GRAD_CONIC + 1] = half * s_xx, s_xy
     out[k, GRAD_CONIC + 2] = half * s_yy
     out[k, GRAD_OPACITY] = v_op
     out[k, GRAD_COLOR], out[k, GRAD_COLOR + 1] = v_c0, v_c1
     out[k, GRAD_COLOR + 2], out[k, GRAD_COLOR + 3] = v_c2, v_c3
+    if absgrad:
+        out[k, GRAD_ABS_MEAN], out[k, GRAD_ABS_MEAN + 1] = abs_x, abs_y
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
 def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1, final_T,
              last_index, v_rgb, v_depth, v_alpha, isect_grads):
     """Walk each tile back to front, one gradient row per intersection (every row of
-    ``isect_grads`` written)."""
+    ``isect_grads`` written, GRAD_WIDTH columns)."""
+    _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1,
+              final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, False)
+
+
+@nb.njit(parallel=True, fastmath=True, cache=True)
+def backward_with_absgrad(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0,
+                          y1, final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads):
+    """``backward``, ABSGRAD_WIDTH columns: each intersection's absolute per-pixel
+    means2d gradients summed too."""
+    _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1,
+              final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, True)
+
+
+# Inlined into each kernel above with ``absgrad`` a constant: each compiles only its own
+# branches, and neither pays a run-time test in the pixel loop.
+@nb.njit(inline="always", fastmath=True)
+def _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1,
+              final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, absgrad):
     one = _constants(packed.dtype)[1]
     dtype = packed.dtype
     for i in nb.prange(tile_order.shape[0]):
@@ -344,16 +375,16 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
             # The blocks where the forward's splat changed a pixel (forward narrowed them).
             reached = int(packed[k, BLOCKS_REACHED])
             _backprop_splat(k, packed, dtype.type(k - start), px, py, T, last, v_out, behind,
-                            tail, reached, isect_grads)
+                            tail, reached, isect_grads, absgrad)
 
 
 @nb.njit(cache=True)
-def _sum_rows_of(lo, hi, splat_ids, isect_grads, out):  # pragma: no cover - compiled
+def _sum_rows_of(lo, hi, splat_ids, isect_grads, out, width):  # pragma: no cover - compiled
     """out[s] += the gradient rows of splat s's intersections, for s in [lo, hi)."""
     for k in range(splat_ids.shape[0]):
         s = splat_ids[k]
         if lo <= s < hi:
-            for j in range(GRAD_WIDTH):
+            for j in range(width):
                 out[s, j] += isect_grads[k, j]
 
 
@@ -364,5 +395,9 @@ def sum_per_splat(splat_ids, isect_grads, out, parts):  # pragma: no cover - com
     splat's sum never depends on their number."""
     count = out.shape[0]
     for part in nb.prange(parts):
-        _sum_rows_of(part * count // parts, (part + 1) * count // parts, splat_ids,
-                     isect_grads, out)
+        lo, hi = part * count // parts, (part + 1) * count // parts
+        # Each width a constant, so that the loop over a row unrolls.
+        if isect_grads.shape[1] == GRAD_WIDTH:
+            _sum_rows_of(lo, hi, splat_ids, isect_grads, out, GRAD_WIDTH)
+        else:
+            _sum_rows_of(lo, hi, splat_ids, isect_grads, out, ABSGRAD_WIDTH)

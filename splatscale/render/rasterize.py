@@ -69,12 +69,17 @@ def _kernel_inputs(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tens
 
 
 class _Composite(torch.autograd.Function):
-    """Front-to-back alpha compositing of depth-sorted splats (numba kernels)."""
+    """Front-to-back alpha compositing of depth-sorted splats (numba kernels).
+
+    ``absgrad`` (or None) takes no part in the image: the gradient its backward
+    returns is, per splat, the sum over the band's pixels of the absolute per-pixel
+    gradient of ``means2d`` (x and y apart), computed only when it requires grad.
+    """
 
     @staticmethod
     def forward(ctx, means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
-                opacities: Tensor, background: Tensor, bins: TileBins, width: int,
-                rows: tuple[int, int]):
+                opacities: Tensor, background: Tensor, absgrad: Tensor | None, bins: TileBins,
+                width: int, rows: tuple[int, int]):
         dtype, height = means2d.dtype, rows[1] - rows[0]
         rgb = torch.empty((height, width, 3), dtype=dtype)
         depth_sum = torch.empty((height, width), dtype=dtype)
@@ -93,30 +98,36 @@ class _Composite(torch.autograd.Function):
     @staticmethod
     def backward(ctx, v_rgb: Tensor, v_depth_sum: Tensor, v_alpha: Tensor):
         means2d, background, final_T, last = ctx.saved_tensors
+        k = compositing_kernels
+        absgrad = ctx.needs_input_grad[6]
+        width = k.ABSGRAD_WIDTH if absgrad else k.GRAD_WIDTH
         splat_ids = _numpy(ctx.splat_ids)
         # Buffers from torch, not numpy, so that torch's profiler counts them.
-        k = compositing_kernels
-        isect_grads = torch.empty((len(splat_ids), k.GRAD_WIDTH), dtype=means2d.dtype)
-        k.backward(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
-                   _numpy(v_depth_sum), _numpy(v_alpha), isect_grads.numpy())
-        grads = torch.zeros((means2d.shape[0], k.GRAD_WIDTH), dtype=means2d.dtype)
+        isect_grads = torch.empty((len(splat_ids), width), dtype=means2d.dtype)
+        kernel = k.backward_with_absgrad if absgrad else k.backward
+        kernel(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb), _numpy(v_depth_sum),
+               _numpy(v_alpha), isect_grads.numpy())
+        grads = torch.zeros((means2d.shape[0], width), dtype=means2d.dtype)
         k.sum_per_splat(splat_ids, isect_grads.numpy(), grads.numpy(), numba.get_num_threads())
         v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
+        v_absgrad = grads[:, k.GRAD_ABS_MEAN:k.GRAD_ABS_MEAN + 2] if absgrad else None
         return (grads[:, k.GRAD_MEAN:k.GRAD_MEAN + 2], grads[:, k.GRAD_CONIC:k.GRAD_CONIC + 3],
                 grads[:, k.GRAD_COLOR:k.GRAD_COLOR + 3], grads[:, k.GRAD_DEPTH],
-                grads[:, k.GRAD_OPACITY], v_background, None, None, None)
+                grads[:, k.GRAD_OPACITY], v_background, v_absgrad, None, None, None)
 
 
 def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
               opacities: Tensor, background: Tensor, bins: TileBins, width: int,
-              rows: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+              rows: tuple[int, int], absgrad: Tensor | None = None
+              ) -> tuple[Tensor, Tensor, Tensor]:
     """Composite binned splats into rows ``rows`` of the image.
 
     Returns rgb [h, W, 3] over ``background``, the alpha-weighted depth sum
-    [h, W] and alpha [h, W].
+    [h, W] and alpha [h, W]. ``absgrad`` [M, 2], when given, gets as its gradient
+    each splat's absolute per-pixel ``means2d`` gradients summed over the band.
     """
-    return _Composite.apply(means2d, conics, colors, depths, opacities, background, bins, width,
-                            rows)
+    return _Composite.apply(means2d, conics, colors, depths, opacities, background, absgrad,
+                            bins, width, rows)
 
 
 def composite_cpu(splats: Splats, background: Tensor, width: int,
@@ -126,7 +137,7 @@ def composite_cpu(splats: Splats, background: Tensor, width: int,
     bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, width, rows,
                      splats.conics, splats.opacities)
     return composite(splats.means2d, splats.conics, splats.colors, splats.depths,
-                     splats.opacities, background, bins, width, rows)
+                     splats.opacities, background, bins, width, rows, splats.absgrad)
 
 
 def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | None = None,
@@ -135,7 +146,9 @@ def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | N
 
     The band's pixels and gradients equal those rows of a full render: tiles
     stay on the image's 16x16 grid whatever the band. ``backend`` None: the backend
-    of the splats' device.
+    of the splats' device. Where ``splats.absgrad`` is not None, after the backward
+    pass its gradient holds each splat's absolute per-pixel ``means2d`` gradients,
+    summed over the band's pixels.
     """
     y0, y1 = rows if rows is not None else (0, height)
     if not 0 <= y0 < y1 <= height:

@@ -17,6 +17,11 @@ class Splats:
 
     ``camera_offsets[c]:camera_offsets[c + 1]`` are the rows of camera c;
     ``radii`` are the per-axis pixel half-extents of the splat's box.
+
+    ``absgrad``, None unless a caller sets it, is a [M, 2] zero tensor that requires
+    grad: ``rasterize`` then gives it as gradient, per splat, the sum over the
+    pixels it renders of each pixel's |d loss / d means2d|, x and y apart (AbsGS,
+    gsplat's ``absgrad=True``). Its value enters no image.
     """
 
     camera_ids: Tensor      # [M] int64
@@ -30,6 +35,7 @@ class Splats:
     keys: Tensor            # [M] int64, the Gaussians' keys: equal depths are ordered by them
     camera_offsets: list[int]
     cameras: list[Camera]
+    absgrad: Tensor | None = None  # [M, 2]
 
     def __len__(self) -> int:
         return self.means2d.shape[0]
@@ -42,7 +48,8 @@ class Splats:
         return Splats(self.camera_ids[lo:hi], self.gaussian_ids[lo:hi], self.means2d[lo:hi],
                       self.conics[lo:hi], self.depths[lo:hi], self.radii[lo:hi],
                       self.colors[lo:hi], self.opacities[lo:hi], self.keys[lo:hi], [0, hi - lo],
-                      [self.cameras[index]])
+                      [self.cameras[index]],
+                      None if self.absgrad is None else self.absgrad[lo:hi])
 
 
 def camera_tensors(cameras: Sequence[Camera], like: Tensor) -> tuple[Tensor, Tensor, Tensor]:
