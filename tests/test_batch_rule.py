@@ -1,12 +1,27 @@
 """Adam with the batch-size rule and schedules counted in images."""
 
 import math
+from dataclasses import dataclass
 
 import pytest
 import torch
+from torch import Tensor
 
-from splatscale.step.optimizer import GaussianAdam, batch_hyperparameters
-from splatscale.train.schedule import crossed_multiple, crosses, position_lr
+from splatscale.step.optimizer import GaussianAdam, batch_hyperparameters, step_factors
+from splatscale.step.schedule import crossed_multiple, crosses, position_lr
+
+
+@dataclass
+class Rows:
+    """What Adam steps, of plain tensors: parameter groups and their two moments."""
+
+    params: dict[str, Tensor]
+    moments: dict[str, dict[str, Tensor]]
+
+    @classmethod
+    def of(cls, params: dict[str, Tensor]) -> "Rows":
+        return cls(params, {kind: {n: torch.zeros_like(p.detach()) for n, p in params.items()}
+                            for kind in ("exp_avg", "exp_avg_sq")})
 
 
 @pytest.mark.parametrize("batch", [1, 4, 16])
@@ -27,13 +42,14 @@ def test_batch_of_one_is_torch_adam(dtype):
             for n, w in widths.items()}
     theirs = {n: p.detach().clone().requires_grad_(True) for n, p in ours.items()}
     optimizer = GaussianAdam(ours, batch_size=1)
+    rows = Rows.of(ours)
     reference = torch.optim.Adam([{"params": [theirs[n]], "lr": rates[n]} for n in widths],
                                  betas=(0.9, 0.999), eps=1e-15)
     for _ in range(5):
         for n in widths:
             grad = torch.randn(5, widths[n], generator=g, dtype=dtype)
             ours[n].grad, theirs[n].grad = grad.clone(), grad.clone()
-        optimizer.step(rates)
+        optimizer.step(rows, rates)
         reference.step()
     tolerance = dict(rtol=1e-12, atol=1e-15) if dtype == torch.float64 else dict(rtol=1e-6,
                                                                                   atol=1e-7)
@@ -66,9 +82,9 @@ def test_position_lr_decays_log_linearly_over_images():
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 def test_the_torch_step_equals_the_kernel(dtype):
-    """The step off the CPU (torch's in-place operations) against the numba kernel."""
-    from splatscale.step.adam_kernels import adam_constants, adam_step
-    from splatscale.step.optimizer import adam_step_torch
+    """Five steps off the CPU (the cuda backend's torch operations) against the cpu
+    backend's numba kernel, rows of zero moments and zero gradients among them."""
+    from splatscale.backends import backend_named
     g = torch.Generator().manual_seed(2)
     h = batch_hyperparameters(0.01, 4)
     kernel = [torch.randn(300, 3, generator=g, dtype=dtype) for _ in range(2)]
@@ -79,12 +95,10 @@ def test_the_torch_step_equals_the_kernel(dtype):
     for t in range(1, 6):
         grad = torch.randn(300, 3, generator=g, dtype=dtype)
         grad[::5] = 0.0  # unseen rows
-        scale, root_bias2 = -h.lr / (1 - h.beta1 ** t), math.sqrt(1 - h.beta2 ** t)
-        arrays = [x.view(-1).numpy() for x in (*kernel, grad)]
-        array_dtype = arrays[0].dtype
-        adam_step(*arrays, array_dtype.type(scale), array_dtype.type(root_bias2),
-                  adam_constants(h.beta1, h.beta2, h.eps, array_dtype))
-        adam_step_torch(*torch_side, grad, scale, root_bias2, h)
+        scale, root_bias2 = step_factors(h, t)
+        for backend, state in (("cpu", kernel), ("cuda", torch_side)):
+            backend_named(backend).adam_step(*(x.view(-1) for x in (*state, grad)), scale,
+                                             root_bias2, h.beta1, h.beta2, h.eps)
     tolerance = dict(rtol=1e-12, atol=1e-15) if dtype == torch.float64 else dict(rtol=1e-6,
                                                                                   atol=1e-7)
     for ours, theirs in zip(torch_side, kernel):

@@ -5,20 +5,24 @@ averaged over the batch) every learning rate is multiplied by sqrt(B), the
 betas are raised to the power B and eps is divided by sqrt(B) (Grendel's rule),
 so B = 16 trains like B = 1 in 1/16 of the steps.
 
-The state (first and second moments, step count) is plain tensors keyed by
-parameter name, edited row by row with the parameters (``GaussianAdam.edit``).
+The arithmetic is a functional core shared by both optimisers: ``step_factors``
+gives a step's bias-corrected factors, and a device's ``adam_step`` (on the CPU
+``adam_kernels``) applies them. ``GaussianAdam`` steps every row of a row
+set at once; the offload engine's ``DeferredAdam`` replays the same steps on the
+rows it needs, later. Each owns only its bookkeeping: the moments are rows of
+the row set (``step/row_set.py``), edited with the parameters.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import AbstractSet, Iterable, Protocol
 
 import torch
 from torch import Tensor
 
-from splatscale.step.adam_kernels import adam_constants, adam_step
+from splatscale.backends import Backend, backend_for
 
 BETAS = (0.9, 0.999)
 EPS = 1e-15
@@ -38,36 +42,32 @@ def batch_hyperparameters(lr: float, batch_size: int, betas=BETAS, eps: float = 
     return AdamHyper(lr * root, betas[0] ** batch_size, betas[1] ** batch_size, eps / root)
 
 
-def adam_step_torch(param: Tensor, m: Tensor, v: Tensor, grad: Tensor, scale: float,
-                    root_bias2: float, h: AdamHyper) -> None:
-    """``adam_kernels``' step in torch's in-place operations, for tensors off the CPU
-    (``lerp_`` is m + (1 - beta1) (g - m), the kernels' form)."""
-    m.lerp_(grad, 1 - h.beta1)
-    v.mul_(h.beta2).addcmul_(grad, grad, value=1 - h.beta2)
-    param.addcdiv_(m, v.sqrt().div_(root_bias2).add_(h.eps), value=scale)
+def step_factors(h: AdamHyper, t: int) -> tuple[float, float]:
+    """Adam step ``t``'s ``scale = -lr / (1 - beta1^t)`` and ``root_bias2 =
+    sqrt(1 - beta2^t)`` (``adam_kernels``' form of torch.optim.Adam's formula)."""
+    return -h.lr / (1 - h.beta1 ** t), math.sqrt(1 - h.beta2 ** t)
+
+
+class AdamRows(Protocol):
+    """What Adam steps: parameter groups and their two moments (``RowSet`` is one)."""
+
+    @property
+    def params(self) -> dict[str, Tensor]: ...
+
+    moments: dict[str, dict[str, Tensor]]  # "exp_avg" and "exp_avg_sq", by group
 
 
 class GaussianAdam:
-    """Adam, one group per named parameter; ``step`` is torch.optim.Adam's formula,
-    computed by ``adam_kernels`` on the CPU (the offload engine replays skipped steps
-    with the same code) and by ``adam_step_torch`` on other devices.
+    """Adam's bookkeeping for named groups: each group's step count and the batch
+    size (``state_dict``'s schema: ``steps`` and ``batch_size``). ``step`` takes one
+    dense step of every row of the groups that have a gradient, with ``backend``'s
+    ``adam_step`` (None: the backend of the parameters' device)."""
 
-    It owns the parameters' optimiser state, whose schema is ``state_dict``'s:
-    ``exp_avg`` and ``exp_avg_sq`` (per group, a tensor shaped as its parameter),
-    ``steps`` (per group, the Adam steps it has taken) and ``batch_size``. Rows
-    change only through ``edit``, parameter and moments together: densification,
-    the opacity reset, moves between ranks and loading a checkpoint. A group
-    edited since its gradient was taken is not stepped (the gradient belonged to
-    the tensor the edit replaced).
-    """
-
-    def __init__(self, params: dict[str, Tensor], batch_size: int = 1) -> None:
-        self.params = params
+    def __init__(self, groups: Iterable[str], batch_size: int = 1,
+                 backend: Backend | None = None) -> None:
         self.batch_size = batch_size
-        self.exp_avg = {n: torch.zeros_like(p) for n, p in params.items()}
-        self.exp_avg_sq = {n: torch.zeros_like(p) for n, p in params.items()}
-        self.steps = {n: 0 for n in params}
-        self.edited: set[str] = set()  # since the last step
+        self.steps = {name: 0 for name in groups}
+        self.backend = backend
 
     def hyper(self, lr: float) -> AdamHyper:
         return batch_hyperparameters(lr, self.batch_size)
@@ -77,70 +77,32 @@ class GaussianAdam:
         """The batch's betas and eps (its learning rate is each step's own)."""
         return self.hyper(0.0)
 
-    def edit(self, param: Callable[[str, Tensor], Tensor],
-             moment: Callable[[str, Tensor], Tensor], names: Iterable[str] | None = None
-             ) -> None:
-        """Replace the rows of groups ``names`` (all by default): each parameter ``p``
-        becomes ``param(name, p)`` (a new leaf that requires grad) and each moment ``m``
-        becomes ``moment(name, m)``."""
-        for name in list(self.params) if names is None else names:
-            with torch.no_grad():
-                self.params[name] = param(name, self.params[name].detach()).requires_grad_(True)
-            self.exp_avg[name] = moment(name, self.exp_avg[name])
-            self.exp_avg_sq[name] = moment(name, self.exp_avg_sq[name])
-            self.edited.add(name)
-
-    def new_gradients(self) -> None:
-        """The gradients about to be taken are of the current rows: edits until now
-        are history."""
-        self.edited.clear()
-
     def count_step(self, name: str) -> int:
         """Count an Adam step of group ``name``; its number (bias correction's t)."""
         self.steps[name] += 1
         return self.steps[name]
 
-    def next_step_groups(self) -> list[str]:
-        """The groups the step being taken updates: those not edited since their
-        gradient was taken. The edits are history from here on."""
-        groups = [name for name in self.params if name not in self.edited]
-        self.edited.clear()
-        return groups
-
     @torch.no_grad()
-    def step(self, learning_rates: dict[str, float]) -> None:
-        """One Adam step of every parameter that has a gradient: on the CPU by
-        ``adam_kernels`` (one pass over each group), elsewhere in torch's operations."""
-        for name in self.next_step_groups():
-            param = self.params[name]
-            if param.grad is None:
+    def step(self, rows: AdamRows, learning_rates: dict[str, float],
+             skipped: AbstractSet[str] = frozenset()) -> None:
+        """One Adam step of every group that has a gradient, but ``skipped`` (groups
+        whose tensor was replaced after their gradient was taken); gradients cleared."""
+        for name, param in rows.params.items():
+            if param.grad is None or name in skipped:
                 continue
             h = self.hyper(learning_rates[name])
-            t = self.count_step(name)
-            scale, root_bias2 = -h.lr / (1 - h.beta1 ** t), math.sqrt(1 - h.beta2 ** t)
-            flat = [x.detach().view(-1)
-                    for x in (param, self.exp_avg[name], self.exp_avg_sq[name], param.grad)]
-            if param.device.type != "cpu":
-                adam_step_torch(*flat, scale, root_bias2, h)
-                continue
-            arrays = [x.numpy() for x in flat]
-            dtype = arrays[0].dtype.type
-            adam_step(*arrays, dtype(scale), dtype(root_bias2),
-                      adam_constants(h.beta1, h.beta2, h.eps, arrays[0].dtype))
-
-    def zero_grad(self) -> None:
-        for param in self.params.values():
+            scale, root_bias2 = step_factors(h, self.count_step(name))
+            backend = self.backend or backend_for(param.device)
+            backend.adam_step(param.detach().view(-1),
+                              rows.moments["exp_avg"][name].view(-1),
+                              rows.moments["exp_avg_sq"][name].view(-1), param.grad.view(-1),
+                              scale, root_bias2, h.beta1, h.beta2, h.eps)
+        for param in rows.params.values():
             param.grad = None
 
     def state_dict(self) -> dict:
-        return {"exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq, "steps": self.steps,
-                "batch_size": self.batch_size}
+        return {"steps": dict(self.steps), "batch_size": self.batch_size}
 
-    def load_state_dict(self, state: dict, params: dict[str, Tensor]) -> None:
-        """Continue from ``state`` (moments copied) with ``params`` as the parameters."""
-        self.params = params
-        self.exp_avg = {n: t.clone() for n, t in state["exp_avg"].items()}
-        self.exp_avg_sq = {n: t.clone() for n, t in state["exp_avg_sq"].items()}
+    def load_state_dict(self, state: dict) -> None:
         self.steps = dict(state["steps"])
         self.batch_size = state["batch_size"]
-        self.edited = set()

@@ -12,13 +12,19 @@ order or sharding.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Protocol, TypeVar
 
 import torch
 from torch import Tensor
 
-# A count summed over the ranks that hold the rows (the identity in one process).
-Total = Callable[[int], int]
+Number = TypeVar("Number", int, float)
+
+
+class Total(Protocol):
+    """A number summed over the ranks that hold the rows (the identity in one process)."""
+
+    def __call__(self, value: Number, /) -> Number: ...
+
 
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 
