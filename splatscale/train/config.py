@@ -6,10 +6,18 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from splatscale.errors import DataError
+from splatscale.limits import MAX_COUNT, MAX_SEED
+from splatscale.strategy import STRATEGIES
+from splatscale.strategy.base import RefineSettings
+from splatscale.strategy.default import DefaultSettings
+from splatscale.strategy.mcmc import MCMCSettings
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(MCMCSettings, DefaultSettings, RefineSettings):
+    """Every setting of a run: the strategies' own (inherited from their modules)
+    and these."""
+
     iterations: int = 30_000          # images seen, whatever the batch size
     batch_size: int = 1
     seed: int = 0
@@ -22,21 +30,6 @@ class TrainConfig:
     opacity_lr: float = 0.05
     scaling_lr: float = 5e-3
     rotation_lr: float = 1e-3
-    # Densification, counted in images seen.
-    densify_from: int = 500
-    densify_until: int | None = None  # 3dgs 15,000; mcmc 25,000 (gsplat's refine_stop_iter)
-    densify_interval: int = 100
-    densify_grad_threshold: float = 2e-4
-    percent_dense: float = 0.01
-    opacity_reset_interval: int = 3_000
-    prune_opacity: float = 0.005
-    # Which strategy changes the set of Gaussians: "3dgs" (the schedule above) or
-    # "mcmc" (gsplat 1.5.3's MCMCStrategy, with its simple_trainer's MCMC settings).
-    strategy: str = "3dgs"
-    max_gaussians: int | None = None  # 3dgs: no budget; mcmc: 1,000,000 (gsplat's cap_max)
-    noise_lr: float = 5e5             # mcmc: the means' noise, times their learning rate
-    opacity_reg: float = 0.01         # mcmc: L1 on opacity
-    scale_reg: float = 0.01           # mcmc: L1 on scale
     random_init: str = "auto"         # without SfM points: "cameras", "cube", or by the images
     sh_degree: int = 3
     sh_degree_interval: int = 1_000
@@ -49,7 +42,7 @@ class TrainConfig:
         """Images after which the Gaussians stop being densified (or relocated)."""
         if self.densify_until is not None:
             return self.densify_until
-        return 25_000 if self.strategy == "mcmc" else 15_000
+        return STRATEGIES[self.strategy].default_refine_until
 
     def scaled(self, factor: float) -> "TrainConfig":
         """These settings with every schedule (the run's length, the learning rate's
@@ -73,20 +66,18 @@ class TrainConfig:
         values = {}
         for f in fields(cls):
             if f.name in data:
-                _check_setting(f.name, f.type, data[f.name], where)
+                _check_setting(f.name, str(f.type), data[f.name], where)
                 values[f.name] = data[f.name]
         return cls(**values)
 
 
-MAX_SEED = 2 ** 32 - 1  # numpy's generators take no larger seed
-MAX_COUNT = 2 ** 62     # beyond it, counts overflow the 64-bit integers of torch and numpy
 # The settings counted in images that --schedule-scale scales (densify_until too).
 SCHEDULES = ("iterations", "position_lr_max_steps", "densify_from", "densify_interval",
              "opacity_reset_interval", "sh_degree_interval")
 # Settings with a narrower range than their type's (integers otherwise at least 0).
 AT_LEAST_ONE = {"iterations", "batch_size", "position_lr_max_steps", "densify_interval",
                 "sh_degree_interval", "max_gaussians"}
-CHOICES = {"strategy": ("3dgs", "mcmc"), "random_init": ("auto", "cameras", "cube"),
+CHOICES = {"strategy": tuple(STRATEGIES), "random_init": ("auto", "cameras", "cube"),
            "sh_degree": (0, 1, 2, 3)}
 
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from splatscale.model.gaussians import GaussianModel
-from splatscale.step.mcmc import MAX_RATIO, Regularisers, draw_counts, noise, relocated
+from splatscale.step.row_set import RowSet
 from splatscale.step.selection import ascending, descending, smallest
+from splatscale.strategy.mcmc import MAX_RATIO, Regularisers, draw_counts, noise, relocated
 from tests.conftest import random_model
 
 ONE_PROCESS = lambda value: value  # noqa: E731 - the rows of one process are all rows
@@ -90,10 +91,11 @@ def test_noise_moves_faint_gaussians_along_their_covariance():
         model.opacity_logits[:] = torch.logit(torch.tensor([0.001, 0.004, 0.5, 0.99],
                                                            dtype=torch.float64))
     model = GaussianModel(**model.parameters(), sh_degree=model.sh_degree, keys=model.keys)
-    moves = noise(model, scale=10.0, step=3)
+    rows = RowSet(model)
+    moves = noise(rows, scale=10.0, step=3)
     assert moves[2:].abs().max() < 1e-15  # opaque ones stay
     assert moves[:2].abs().min() > 0
-    assert not torch.equal(moves, noise(model, scale=10.0, step=4))
+    assert not torch.equal(moves, noise(rows, scale=10.0, step=4))
     # Along the covariance (built here from the quaternion's formula): Sigma^-1 moves /
     # (gate scale) is a standard normal sample.
     q = torch.nn.functional.normalize(model.quats.detach(), dim=-1)

@@ -4,8 +4,8 @@ import math
 
 import torch
 
-from splatscale.step.densify import DensifyStats, densify_and_prune, reset_opacity
-from splatscale.step.optimizer import GaussianAdam
+from splatscale.step.row_set import RowSet
+from splatscale.strategy.default import densify_and_prune, reset_opacity
 from tests.conftest import random_model
 
 
@@ -16,20 +16,24 @@ def setup():
         model.log_scales[2:4] = math.log(0.5)            # large: split
         model.opacity_logits[:] = 2.0
         model.opacity_logits[5] = -8.0                   # faint: pruned
-    optimizer = GaussianAdam(model.parameters())
-    for name in optimizer.exp_avg:
-        optimizer.exp_avg[name] += torch.arange(6.0).view(-1, *[1] * (optimizer.exp_avg[name].dim() - 1))
+    rows = RowSet(model)  # its first edit draws event 0
+    exp_avg = rows.moments["exp_avg"]
+    for name in exp_avg:
+        exp_avg[name] += torch.arange(6.0).view(-1, *[1] * (exp_avg[name].dim() - 1))
     # Gaussians 0 and 2 have high view-space gradients, the others low.
-    stats = DensifyStats(torch.tensor([1e-3, 0, 1e-3, 0, 0, 0]), torch.ones(6))
-    return model, optimizer, stats
+    set_stats(rows, torch.tensor([1e-3, 0, 1e-3, 0, 0, 0]), torch.ones(6))
+    return model, rows
+
+
+def set_stats(rows: RowSet, grad_sum: torch.Tensor, count: torch.Tensor) -> None:
+    rows.state["grad_sum"], rows.state["count"] = grad_sum, count
 
 
 def test_clone_split_prune():
-    model, optimizer, stats = setup()
+    model, rows = setup()
     before = model.detach()
-    fresh, counts = densify_and_prune(model, optimizer, stats, grad_threshold=2e-4,
-                                      percent_dense=0.1, extent=1.0, min_opacity=0.005,
-                                      prune_large=False, event=0)
+    counts = densify_and_prune(rows, grad_threshold=2e-4, percent_dense=0.1, extent=1.0,
+                               min_opacity=0.005, prune_large=False)
     assert counts == {"cloned": 1, "split": 1, "pruned": 1}
     # Kept: 0, 1, 3, 4 (2 split away, 5 pruned); then the clone of 0; then 2's two halves.
     assert len(model) == 4 + 1 + 2
@@ -41,38 +45,37 @@ def test_clone_split_prune():
     assert not torch.equal(model.means[5], model.means[6])
     assert (model.means[5:].detach() - before.means[2]).norm(dim=1).max() < 3 * 0.5 * 3
     # Adam moments follow their rows; new rows start at zero.
-    m = optimizer.exp_avg["means"]
+    m = rows.moments["exp_avg"]["means"]
     assert torch.equal(m[:4, 0], torch.tensor([0.0, 1.0, 3.0, 4.0])) and (m[4:] == 0).all()
-    assert optimizer.params["means"] is model.means and model.means.requires_grad
-    assert torch.equal(fresh.grad_sum, torch.zeros(7)) and torch.equal(fresh.count, torch.zeros(7))
+    assert rows.params["means"] is model.means and model.means.requires_grad
+    assert torch.equal(rows.state["grad_sum"], torch.zeros(7))
+    assert torch.equal(rows.state["count"], torch.zeros(7))
 
 
 def test_prune_large_after_first_reset():
-    model, optimizer, stats = setup()
-    densify_and_prune(model, optimizer, DensifyStats(torch.zeros(6), torch.ones(6)), 2e-4, 0.1,
-                      extent=1.0, min_opacity=0.005, prune_large=True,
-                      event=0)
+    model, rows = setup()
+    set_stats(rows, torch.zeros(6), torch.ones(6))
+    densify_and_prune(rows, 2e-4, 0.1, extent=1.0, min_opacity=0.005, prune_large=True)
     assert len(model) == 3  # 2 and 3 exceed 0.1 x extent, 5 is faint
 
 
 def test_opacity_reset_clamps_and_forgets_moments():
-    model, optimizer, _ = setup()
-    reset_opacity(model, optimizer)
+    model, rows = setup()
+    reset_opacity(rows)
     assert model.opacities.max() <= 0.01 + 1e-7
     assert model.opacities[5] < 0.001, "already fainter: unchanged"
-    assert (optimizer.exp_avg["opacity_logits"] == 0).all()
-    assert optimizer.params["opacity_logits"] is model.opacity_logits
+    assert (rows.moments["exp_avg"]["opacity_logits"] == 0).all()
+    assert rows.params["opacity_logits"] is model.opacity_logits
 
 
 def test_a_budget_densifies_the_largest_gradients_first():
-    model, optimizer, _ = setup()
+    model, rows = setup()
     before = model.detach()
     # Candidates: 3 (large: a split) above the tie of 0 and 1 (small: clones) above 2.
-    stats = DensifyStats(torch.tensor([3e-3, 3e-3, 1e-3, 5e-3, 0, 0]), torch.ones(6))
+    set_stats(rows, torch.tensor([3e-3, 3e-3, 1e-3, 5e-3, 0, 0]), torch.ones(6))
     winner = 0 if before.keys[0] < before.keys[1] else 1
-    densify_and_prune(model, optimizer, stats, grad_threshold=2e-4, percent_dense=0.1,
-                      extent=1.0, min_opacity=0.005, prune_large=False, event=0,
-                      max_gaussians=8)
+    densify_and_prune(rows, grad_threshold=2e-4, percent_dense=0.1, extent=1.0,
+                      min_opacity=0.005, prune_large=False, max_gaussians=8)
     # Room for 2: 3 split, the tie's smaller key cloned; then the faint 5 pruned.
     assert len(model) == 7
     means = model.means.detach()
@@ -84,7 +87,7 @@ def test_a_budget_densifies_the_largest_gradients_first():
 
 
 def test_a_budget_already_reached_only_prunes():
-    model, optimizer, stats = setup()
-    densify_and_prune(model, optimizer, stats, 2e-4, 0.1, extent=1.0, min_opacity=0.005,
-                      prune_large=False, event=0, max_gaussians=6)
+    model, rows = setup()
+    densify_and_prune(rows, 2e-4, 0.1, extent=1.0, min_opacity=0.005, prune_large=False,
+                      max_gaussians=6)
     assert len(model) == 5
