@@ -18,7 +18,9 @@ from splatscale.engine import TrainView
 from splatscale.model.gaussians import SH_REST, GaussianModel
 from splatscale.model.init import nearest_neighbour_scales
 from splatscale.render import render
-from splatscale.step.mcmc import Regularisers
+from splatscale.strategy import default, mcmc
+from splatscale.strategy.default import GradientNorms
+from splatscale.strategy.mcmc import Regularisers
 
 TEST_DATA = Path(__file__).resolve().parent / "data"
 
@@ -127,6 +129,14 @@ def capped_run(engine, views: list[TrainView], steps: range = range(TRAIN_STEPS)
                          grad_threshold=5e-3, max_gaussians=BINDING_BUDGET)
 
 
+def absgrad_run(engine, views: list[TrainView],
+                steps: range = range(TRAIN_STEPS)) -> list[float]:
+    """``densifying_run`` with AbsGS's statistic (the absolute per-pixel gradients), at
+    a threshold that densifies about half the Gaussians."""
+    return scheduled_run(engine, views, 2, steps, densify={3: False, 8: True}, reset=6,
+                         grad_threshold=2e-2, absgrad=True)
+
+
 def batch_at(views: list[TrainView], batch_size: int, step: int) -> list[TrainView]:
     """The batch of ``step`` when batches take ``views`` in turn."""
     return [views[(batch_size * step + i) % len(views)] for i in range(batch_size)]
@@ -146,19 +156,20 @@ def mcmc_run(engine, views: list[TrainView], batch_size: int = 2,
     for step in steps:
         engine.expect(cameras_of(batch_at(views, batch_size, step + 1)), TRAIN_RATES)
         losses.append(engine.forward_backward(batch_at(views, batch_size, step),
-                                              track_stats=False,
                                               regularisers=Regularisers()).loss)
         engine.optimizer_step(TRAIN_RATES)
         if step in (3, 8):
-            engine.relocate_and_add(BINDING_BUDGET, min_opacity=0.3)
-        engine.inject_noise(scale=200.0, step=step)
+            engine.edit_rows(lambda rows, total: (mcmc.relocate(rows, 0.3, total),
+                                                  mcmc.add(rows, BINDING_BUDGET, 0.3, total)))
+        engine.edit_rows(lambda rows, total: mcmc.move_means(rows, mcmc.noise(rows, 200.0,
+                                                                              step)))
     return losses
 
 
 def scheduled_run(engine, views: list[TrainView], batch_size: int, steps: range,
                   densify: dict[int, bool], reset: int, grad_threshold: float,
                   after_forward: Callable = lambda engine: None,
-                  max_gaussians: int | None = None) -> list[float]:
+                  max_gaussians: int | None = None, absgrad: bool = False) -> list[float]:
     """The Trainer's step order over ``steps``: batches taken from ``views`` in turn,
     densification at the steps of ``densify`` (pruning large ones where it says True),
     an opacity reset at step ``reset``; the losses. Each step tells the engine the next
@@ -167,14 +178,14 @@ def scheduled_run(engine, views: list[TrainView], batch_size: int, steps: range,
     for step in steps:
         engine.expect(cameras_of(batch_at(views, batch_size, step + 1)), TRAIN_RATES)
         losses.append(engine.forward_backward(batch_at(views, batch_size, step),
-                                              track_stats=True).loss)
+                                              GradientNorms(absgrad)).loss)
         after_forward(engine)
         if step in densify:
-            engine.densify_and_prune(grad_threshold=grad_threshold, percent_dense=0.15,
-                                     extent=2.0, min_opacity=0.005, prune_large=densify[step],
-                                     max_gaussians=max_gaussians)
+            engine.edit_rows(lambda rows, total: default.densify_and_prune(
+                rows, grad_threshold, percent_dense=0.15, extent=2.0, min_opacity=0.005,
+                prune_large=densify[step], max_gaussians=max_gaussians, total=total))
         if step == reset:
-            engine.reset_opacity()
+            engine.edit_rows(lambda rows, total: default.reset_opacity(rows))
         engine.optimizer_step(TRAIN_RATES)
     return losses
 

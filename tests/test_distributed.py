@@ -21,18 +21,19 @@ from torch import Tensor
 from splatscale.data.images import pixels_as_float
 from splatscale.demo import demo_scene
 from splatscale.engine import TrainView
-from splatscale.engine.distributed import distributed_engine, shard_of
 from splatscale.engine.distributed.exchange import render_rows
-from splatscale.engine.local import local_engine
+from splatscale.engine.factory import RankOptions, make_engine, shard_of
 from splatscale.model.ply import read_ply
+from splatscale.strategy.default import GradientNorms
 from splatscale.train.checkpoint import KEYS, load_checkpoint, save_checkpoint
 from splatscale.train.config import TrainConfig
 from tests.conftest import TRAIN_STEPS as STEPS
-from tests.conftest import (HANG_GUARD, capped_run, densifying_run, densifying_scene, mcmc_run,
-                            state_by_key, wait_until)
+from tests.conftest import (HANG_GUARD, absgrad_run, capped_run, densifying_run,
+                            densifying_scene, mcmc_run, state_by_key, wait_until)
 
-# 3DGS under a budget that binds, and MCMC: each equal to the single process too.
-STRATEGY_RUNS = {"capped": capped_run, "mcmc": mcmc_run}
+# 3DGS under a budget that binds, MCMC, and 3DGS with AbsGS's statistic (whose bands
+# keep each pixel's gradient whole): each equal to the single process too.
+STRATEGY_RUNS = {"capped": capped_run, "mcmc": mcmc_run, "absgrad": absgrad_run}
 
 
 def gather_rows(tensor: Tensor) -> Tensor:
@@ -50,6 +51,11 @@ def gather_rows(tensor: Tensor) -> Tensor:
 def by_key(keys, tensors: dict) -> dict:
     order = torch.argsort(keys)
     return {"keys": keys[order], **{n: t[order] for n, t in tensors.items()}}
+
+
+def ranks_engine(shard, batch_size: int, background: Tensor, **options):
+    """This rank's engine over its ``shard``, the step computed by the ranks together."""
+    return make_engine(shard, batch_size, background, ranks=RankOptions(**options))
 
 
 def step_state(engine, keys) -> dict:
@@ -101,25 +107,25 @@ def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
     views, model = densifying_scene()
     results = {"steps": {}}
     for batch_size in (1, 4):
-        engine = distributed_engine(shard_of(model, rank, world), batch_size, torch.zeros(3))
-        result = engine.forward_backward(views[:batch_size], track_stats=True)
+        engine = ranks_engine(shard_of(model, rank, world), batch_size, torch.zeros(3))
+        result = engine.forward_backward(views[:batch_size], GradientNorms())
         grads = {n: gather_rows(p.grad) for n, p in engine.model.parameters().items()}
         # Views read as pixels, rows alone, against the same values given whole.
         batch, reads, given = recording_reads(views[:batch_size])
-        read_and_given = [distributed_engine(shard_of(model, rank, world), batch_size,
-                                             torch.zeros(3)).forward_backward(b, True)
+        read_and_given = [ranks_engine(shard_of(model, rank, world), batch_size,
+                                       torch.zeros(3)).forward_backward(b, GradientNorms())
                           for b in (batch, given)]
         assert read_and_given[0].loss == read_and_given[1].loss
         read_bands = read_and_given[0].diagnostics["bands"]
         results["steps"][batch_size] = (result.loss,
                                         by_key(gather_rows(engine.model.keys), grads),
                                         result.diagnostics["bands"], (reads, read_bands))
-    engine = distributed_engine(shard_of(model, rank, world), 2, torch.zeros(3),
-                               max_imbalance=1.0)  # rebalance after every densification
+    engine = ranks_engine(shard_of(model, rank, world), 2, torch.zeros(3),
+                          max_imbalance=1.0)  # rebalance after every densification
     results["losses"] = densifying_run(engine, views)
     for name, run in STRATEGY_RUNS.items():
-        strategy_engine = distributed_engine(shard_of(model, rank, world), 2, torch.zeros(3),
-                                             max_imbalance=1.0)
+        strategy_engine = ranks_engine(shard_of(model, rank, world), 2, torch.zeros(3),
+                                       max_imbalance=1.0)
         losses = run(strategy_engine, views)
         results[name] = (losses, {n: gather_rows(t.detach()) for n, t in
                           strategy_engine.model.parameters().items()},
@@ -140,7 +146,7 @@ def resume_rank(rank: int, world: int, init_file: str, checkpoint: str, steps: r
     """Continue the saved run at this world size for ``steps``, then save it."""
     join(rank, world, init_file)
     views, model = densifying_scene()
-    engine = distributed_engine(shard_of(model, rank, world), 2, torch.zeros(3))
+    engine = ranks_engine(shard_of(model, rank, world), 2, torch.zeros(3))
     engine.load_state_dict(load_checkpoint(Path(checkpoint), engine.shard())[1])
     densifying_run(engine, views, steps)
     save(engine, Path(checkpoint), steps.stop)
@@ -152,13 +158,13 @@ def single_process():
     views, model = densifying_scene()
     steps = {}
     for batch_size in (1, 4):
-        engine = local_engine(model.detach(), batch_size, torch.zeros(3))
-        loss = engine.forward_backward(views[:batch_size], track_stats=True).loss
+        engine = make_engine(model.detach(), batch_size, torch.zeros(3))
+        loss = engine.forward_backward(views[:batch_size], GradientNorms()).loss
         steps[batch_size] = (loss, step_state(engine, engine.model.keys))
-    engine = local_engine(model.detach(), 2, torch.zeros(3))
+    engine = make_engine(model.detach(), 2, torch.zeros(3))
     runs = {}
     for name, run in STRATEGY_RUNS.items():
-        strategy_engine = local_engine(model.detach(), 2, torch.zeros(3))
+        strategy_engine = make_engine(model.detach(), 2, torch.zeros(3))
         runs[name] = (run(strategy_engine, views),
                       by_key(strategy_engine.model.keys,
                              {n: t.detach() for n, t in
@@ -215,7 +221,7 @@ def test_resume_at_other_world_sizes_continues_the_run(single_process, tmp_path)
     """1 rank for 4 steps, then 3 ranks for 4, then 2 ranks to the end: the single
     process' model and Adam state; no rank ever read or wrote the whole state."""
     views, model = densifying_scene()
-    engine = local_engine(model.detach(), 2, torch.zeros(3))
+    engine = make_engine(model.detach(), 2, torch.zeros(3))
     densifying_run(engine, views, range(0, 4))
     checkpoint = tmp_path / "checkpoint.pt"
     save(engine, checkpoint, 4)

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from tqdm import tqdm
 
-from splatscale.engine.local import local_engine
-from splatscale.engine.offload import offload_engine
+from splatscale.engine.factory import OffloadOptions, make_engine
 from splatscale.errors import DataError, Interrupted, TrainingDiverged
 from tests.test_training import SHORT, make_trainer
 
-FORWARDING = partial(offload_engine, forwarding=True)  # the host update in a worker thread
+# The host update in a worker thread.
+FORWARDING = partial(make_engine, offload=OffloadOptions(forwarding=True))
 STOP_AFTER = 3  # steps
 
 
@@ -29,8 +29,8 @@ def new_threads(before: set[threading.Thread]) -> list[str]:
             if thread not in before and thread is not tqdm.monitor]
 
 
-def trainer_of(folder: Path, make_engine):
-    trainer = make_trainer(folder, make_engine=make_engine, **SHORT)
+def trainer_of(folder: Path, engine_factory):
+    trainer = make_trainer(folder, make_engine=engine_factory, **SHORT)
     trainer.options.output.mkdir(parents=True)
     return trainer
 
@@ -40,7 +40,7 @@ def test_a_finished_run_leaves_no_thread_and_the_same_model(tmp_path):
     forwarded = trainer_of(tmp_path / "forwarding", FORWARDING)
     report = forwarded.run()
     assert new_threads(before) == []
-    local = trainer_of(tmp_path / "local", local_engine)
+    local = trainer_of(tmp_path / "local", make_engine)
     expected = local.run()
     for name in ("num_gaussians", "iterations", "steps"):
         assert report[name] == expected[name]

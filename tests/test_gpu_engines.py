@@ -5,20 +5,22 @@ to it (pinned copies, forwarding on) over several steps."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from splatscale.engine.distributed import distributed_engine, shard_of
-from splatscale.engine.local import local_engine
-from splatscale.engine.offload import offload_engine
-from splatscale.engine.offload.sharded import offloaded_shard_engine
+from splatscale.engine.factory import OffloadOptions, RankOptions, make_engine, shard_of
+from splatscale.strategy.default import GradientNorms
 from tests.conftest import densifying_scene
 from tests.test_cuda_backend import assert_gradients_close
 from tests.test_distributed import by_key, gather_rows, join
 
-ENGINES = {"distributed": distributed_engine, "offloaded_shards": offloaded_shard_engine}
+ENGINES = {"distributed": partial(make_engine, ranks=RankOptions()),
+           "offloaded_shards": partial(make_engine, offload=OffloadOptions(),
+                                       ranks=RankOptions())}
 BATCH = 2
 
 
@@ -28,11 +30,11 @@ def rank_step(rank: int, world: int, init_file: str, out_file: str, engine: str,
     views, model = densifying_scene(torch.float32)
     shard = shard_of(model, rank, world)
     step = ENGINES[engine](shard, BATCH, torch.zeros(3), device=device)
-    result = step.forward_backward(views[:BATCH], track_stats=True)
+    result = step.forward_backward(views[:BATCH], GradientNorms())
     assert_on(step, device)
-    grads = {n: gather_rows(p.grad.cpu()) for n, p in step.rows.model.parameters().items()
+    grads = {n: gather_rows(p.grad.cpu()) for n, p in step.model.parameters().items()
              if p.grad is not None} if engine == "distributed" else step_gradients(step)
-    keys = gather_rows(step.rows.model.keys.cpu())
+    keys = gather_rows(step.model.keys.cpu())
     if rank == 0:
         torch.save((result.loss, by_key(keys, grads)), out_file)
     dist.destroy_process_group()
@@ -45,13 +47,13 @@ def assert_on(engine, device: str) -> None:
         assert engine.rows.geometry.means.device.type == kind
         assert engine.rows.transfers.bytes["host_to_device"] > 0
     else:
-        assert {p.device.type for p in engine.rows.model.parameters().values()} == {kind}
+        assert {p.device.type for p in engine.model.parameters().values()} == {kind}
 
 
 def step_gradients(engine) -> dict:
     """The offloaded shard's gradients of the last step, every row (zeros where unseen),
     gathered in rank order."""
-    pending, rows = engine.rows.pending, len(engine.rows.model)
+    pending, rows = engine.rows.pending, len(engine.model)
     dense = {}
     for name, grad in pending.grads.items():
         dense[name] = grad.new_zeros((rows, *grad.shape[1:]))
@@ -61,10 +63,10 @@ def step_gradients(engine) -> dict:
 
 def one_process_step(device: str) -> tuple[float, dict]:
     views, model = densifying_scene(torch.float32)
-    engine = local_engine(model, BATCH, torch.zeros(3), device=device)
-    result = engine.forward_backward(views[:BATCH], track_stats=True)
-    return result.loss, by_key(engine.rows.model.keys.cpu(),
-                               {n: p.grad.cpu() for n, p in engine.rows.model.parameters().items()
+    engine = make_engine(model, BATCH, torch.zeros(3), device=device)
+    result = engine.forward_backward(views[:BATCH], GradientNorms())
+    return result.loss, by_key(engine.model.keys.cpu(),
+                               {n: p.grad.cpu() for n, p in engine.model.parameters().items()
                                 if p.grad is not None})
 
 
@@ -93,15 +95,15 @@ def offload_against_local(device: str, forwarding: bool | None = None) -> None:
     views, model = densifying_scene(torch.float32)
     rates = {"means": 1e-3, "sh0": 2.5e-3, "shN": 1e-4, "opacity_logits": 0.05,
              "log_scales": 5e-3, "quats": 1e-3}
-    engines = {"local": local_engine(model.detach(), BATCH, torch.zeros(3), device=device),
-               "offload": offload_engine(model.detach(), BATCH, torch.zeros(3), device=device,
-                                         forwarding=forwarding)}
+    engines = {"local": make_engine(model.detach(), BATCH, torch.zeros(3), device=device),
+               "offload": make_engine(model.detach(), BATCH, torch.zeros(3), device=device,
+                                      offload=OffloadOptions(forwarding=forwarding))}
     for step in range(4):
         batch = views[(step * BATCH) % len(views):][:BATCH]
         after = [view.camera for view in views[((step + 1) * BATCH) % len(views):][:BATCH]]
         for engine in engines.values():
             engine.expect(after, rates)  # offloaded: the next batch's rows sent early
-        losses = {name: e.forward_backward(batch, track_stats=True).loss
+        losses = {name: e.forward_backward(batch, GradientNorms()).loss
                   for name, e in engines.items()}
         assert losses["offload"] == pytest.approx(losses["local"], rel=1e-5), step
         for engine in engines.values():

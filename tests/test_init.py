@@ -12,7 +12,7 @@ import torch
 
 from splatscale.data.images import ImageStore, write_png
 from splatscale.data.scene import Scene, View
-from splatscale.engine.local import local_engine
+from splatscale.engine.factory import make_engine
 from splatscale.model import init_from_points
 from splatscale.model.gaussians import SH_C0, SH_REST, GaussianModel
 from splatscale.data import load_scene
@@ -127,7 +127,7 @@ def test_forward_facing_rig_fills_its_frusta():
 def train_psnr(scene: Scene, points: np.ndarray, colors: np.ndarray, out: Path) -> float:
     store = ImageStore(scene, cache_dir=out / "cache")
     config = TrainConfig(iterations=IMAGES, densify_from=100, densify_interval=50)
-    engine = local_engine(init_from_points(points, colors.astype(np.uint8)), 1, torch.zeros(3))
+    engine = make_engine(init_from_points(points, colors.astype(np.uint8)), 1, torch.zeros(3))
     trainer = Trainer(scene, store, config, RunOptions(out, progress=False, checkpoint_every=0),
                       engine=engine)
     while trainer.images_seen < IMAGES:

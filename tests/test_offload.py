@@ -14,26 +14,32 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from splatscale.engine import TrainView
-from splatscale.engine.distributed import shard_of
-from splatscale.engine.local import local_engine
+from splatscale.engine.factory import OffloadOptions, RankOptions, make_engine, shard_of
 from splatscale.engine.state import concat_states
-from splatscale.engine.offload import offload_engine
 from splatscale.engine.offload.rows import OffloadedRows
-from splatscale.engine.offload.sharded import offloaded_shard_engine
 from splatscale.engine.offload.culling import candidates
 from splatscale.engine.offload.host_adam import MAX_SKIPPED_STEPS, DeferredAdam
 from splatscale.engine.offload.transfers import Transfers
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import render
 from splatscale.render.projection import visibility
-from splatscale.step.mcmc import Regularisers
 from splatscale.step.optimizer import GaussianAdam
-from tests.conftest import (capped_run, densifying_scene, look_at_camera, mcmc_run,
+from splatscale.strategy.default import GradientNorms, reset_opacity
+from splatscale.strategy.mcmc import Regularisers
+from tests.conftest import (absgrad_run, capped_run, densifying_scene, look_at_camera, mcmc_run,
                             orbit_cameras, random_model, scheduled_run, state_by_key,
                             TRAIN_RATES)
+from tests.test_batch_rule import Rows
 from tests.test_training import SHORT, make_trainer
 
 STEPS = 50
+
+
+def offloaded(model: GaussianModel, batch_size: int, background: torch.Tensor,
+              forwarding: bool | None = None, lookahead: bool | None = None):
+    """An engine whose rows are in host memory."""
+    return make_engine(model, batch_size, background,
+                       offload=OffloadOptions(forwarding=forwarding, lookahead=lookahead))
 
 
 def offload_scene(dtype=torch.float64) -> tuple[list[TrainView], GaussianModel]:
@@ -79,7 +85,7 @@ def local_runs():
     for dtype in (torch.float64, torch.float32):
         views, model = offload_scene(dtype)
         for batch_size in (1, 4):
-            engine = local_engine(model.detach(), batch_size, torch.zeros(3, dtype=dtype))
+            engine = make_engine(model.detach(), batch_size, torch.zeros(3, dtype=dtype))
             losses, _ = train(engine, views, batch_size)
             runs[dtype, batch_size] = losses, engine.state_dict()
     return runs
@@ -94,8 +100,8 @@ def local_runs():
 def test_offloaded_training_equals_local(local_runs, dtype, rtol, batch_size, forwarding,
                                          lookahead):
     views, model = offload_scene(dtype)
-    engine = offload_engine(model.detach(), batch_size, torch.zeros(3, dtype=dtype),
-                           forwarding=forwarding, lookahead=lookahead)
+    engine = offloaded(model.detach(), batch_size, torch.zeros(3, dtype=dtype),
+                       forwarding=forwarding, lookahead=lookahead)
     losses, touched = train(engine, views, batch_size)
     expected_losses, expected = local_runs[dtype, batch_size]
     np.testing.assert_allclose(losses, expected_losses, rtol=rtol)
@@ -104,15 +110,16 @@ def test_offloaded_training_equals_local(local_runs, dtype, rtol, batch_size, fo
         assert np.mean(touched) < 0.6
 
 
-# Under a budget, and MCMC (whose regularisers give every row a gradient each step).
-@pytest.mark.parametrize("run", [capped_run, mcmc_run])
+# Under a budget, MCMC (whose regularisers give every row a gradient each step), and
+# AbsGS's statistic.
+@pytest.mark.parametrize("run", [capped_run, mcmc_run, absgrad_run])
 @pytest.mark.parametrize("forwarding, lookahead", [(True, True), (False, False)])
 def test_offloaded_strategies_equal_local(run, forwarding, lookahead):
     views, model = densifying_scene()
-    local = local_engine(model.detach(), 2, torch.zeros(3))
+    local = make_engine(model.detach(), 2, torch.zeros(3))
     expected_losses = run(local, views)
-    engine = offload_engine(model.detach(), 2, torch.zeros(3), forwarding=forwarding,
-                            lookahead=lookahead)
+    engine = offloaded(model.detach(), 2, torch.zeros(3), forwarding=forwarding,
+                       lookahead=lookahead)
     np.testing.assert_allclose(run(engine, views), expected_losses, rtol=0)
     assert_same_sets(engine.state_dict(), local.state_dict(), 0.0)
 
@@ -142,8 +149,8 @@ def test_rows_sent_a_step_early_change_nothing(local_runs, hint):
     the step goes as the caller said, and dropped when it does not: either way the
     run is the run on one device, bit for bit."""
     views, model = offload_scene()
-    engine = offload_engine(model.detach(), 1, torch.zeros(3, dtype=model.means.dtype),
-                            lookahead=True)
+    engine = offloaded(model.detach(), 1, torch.zeros(3, dtype=model.means.dtype),
+                       lookahead=True)
     early = hinted(engine, hint)
     losses, _ = train(engine, views, 1)
     expected_losses, expected = local_runs[model.means.dtype, 1]
@@ -157,15 +164,15 @@ def test_rows_sent_early_wait_for_the_step_they_were_sent_after():
     """A step computed again before Adam has taken the one they follow does not use
     them: their values are those after that step."""
     views, model = offload_scene()
-    engine = offload_engine(model.detach(), 1, torch.zeros(3, dtype=model.means.dtype),
-                            lookahead=True)
+    engine = offloaded(model.detach(), 1, torch.zeros(3, dtype=model.means.dtype),
+                       lookahead=True)
     for step in range(2):
         engine.expect([views[step + 1].camera], TRAIN_RATES)
-        engine.forward_backward([views[step]], track_stats=True)
+        engine.forward_backward([views[step]], GradientNorms())
         engine.optimizer_step(TRAIN_RATES)
     engine.expect([views[3].camera], TRAIN_RATES)
-    engine.forward_backward([views[2]], track_stats=True)
-    again = engine.forward_backward([views[3]], track_stats=True)  # no Adam step between
+    engine.forward_backward([views[2]], GradientNorms())
+    again = engine.forward_backward([views[3]], GradientNorms())  # no Adam step between
     assert again.diagnostics["sent_a_step_early"] == 0
     engine.optimizer_step(TRAIN_RATES)
 
@@ -178,13 +185,13 @@ def test_an_edit_drops_rows_sent_early(edit):
     views, model = offload_scene()
     background = torch.zeros(3, dtype=model.means.dtype)
     runs = []
-    for engine in (local_engine(model.detach(), 1, background),
-                   offload_engine(model.detach(), 1, background, lookahead=True)):
+    for engine in (make_engine(model.detach(), 1, background),
+                   offloaded(model.detach(), 1, background, lookahead=True)):
         losses, saved = [], None
         for step in range(10):
             engine.expect([views[(step + 1) % len(views)].camera], TRAIN_RATES)
             result = engine.forward_backward(
-                [views[step % len(views)]], track_stats=True,
+                [views[step % len(views)]], GradientNorms(),
                 regularisers=Regularisers() if (step, edit) == (6, "every row's gradient")
                 else None)
             losses.append((result.loss, result.diagnostics.get("sent_a_step_early")))
@@ -192,7 +199,7 @@ def test_an_edit_drops_rows_sent_early(edit):
             if step == 3:
                 saved = copy.deepcopy(engine.state_dict())
             if (step, edit) == (6, "opacity reset"):
-                engine.reset_opacity()
+                engine.edit_rows(lambda rows, total: reset_opacity(rows))
             elif (step, edit) == (6, "checkpoint loaded"):
                 engine.load_state_dict(saved)
         runs.append((losses, engine.state_dict()))
@@ -207,14 +214,15 @@ def dense_and_deferred(seed: int, rows: int = 300):
     generator = torch.Generator().manual_seed(seed)
     params = {"a": torch.randn(rows, 3, generator=generator, dtype=torch.float64),
               "b": torch.randn(rows, 2, 4, generator=generator, dtype=torch.float64)}
-    dense = GaussianAdam({n: t.clone() for n, t in params.items()}, batch_size=2)
-    deferred = GaussianAdam({n: t.clone() for n, t in params.items()}, batch_size=2)
-    return generator, dense, deferred, DeferredAdam(deferred, rows)
+    dense = Rows.of({n: t.clone() for n, t in params.items()})
+    deferred = Rows.of({n: t.clone() for n, t in params.items()})
+    return (generator, (GaussianAdam(params, batch_size=2), dense), deferred,
+            DeferredAdam(GaussianAdam(params, batch_size=2), deferred, rows))
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_deferred_adam_equals_dense_adam(seed):
-    generator, dense, adam, deferred = dense_and_deferred(seed)
+    generator, (dense_adam, dense), adam, deferred = dense_and_deferred(seed)
     rows = len(adam.params["a"])
     # Some rows are seen often, some rarely, some never (caught up by force only).
     chance = torch.rand(rows, generator=generator, dtype=torch.float64) ** 3
@@ -228,7 +236,7 @@ def test_deferred_adam_equals_dense_adam(seed):
                                      dtype=torch.float64)
         for name, param in dense.params.items():
             param.grad = grads[name]
-        dense.step(rates)
+        dense_adam.step(dense, rates)
         deferred.log_step(rates, {"a", "b"})
         update = torch.cat([seen, deferred.overdue()]).unique()
         deferred.write(deferred.advance(update, {n: g[update] for n, g in grads.items()}))
@@ -237,8 +245,9 @@ def test_deferred_adam_equals_dense_adam(seed):
     deferred.catch_up_all()
     for name in dense.params:
         # Replayed by the dense step's own code, eps included: equal, bit for bit.
-        for mine, theirs in ((adam.params, dense.params), (adam.exp_avg, dense.exp_avg),
-                             (adam.exp_avg_sq, dense.exp_avg_sq)):
+        for mine, theirs in ((adam.params, dense.params),
+                             (adam.moments["exp_avg"], dense.moments["exp_avg"]),
+                             (adam.moments["exp_avg_sq"], dense.moments["exp_avg_sq"])):
             assert torch.equal(mine[name], theirs[name])
 
 
@@ -246,8 +255,7 @@ def test_culling_keeps_every_gaussian_the_exact_test_keeps_under_large_drift():
     model = random_model(3000, seed=5, spread=5.0, log_scale=(-4.0, -1.5))
     cameras = orbit_cameras(3, 48, 36, radius=5.0)[:1]
     params = {n: model.parameters()[n] for n in ("means", "log_scales")}
-    adam = GaussianAdam(params)
-    deferred = DeferredAdam(adam, len(model))
+    deferred = DeferredAdam(GaussianAdam(params), Rows.of(params), len(model))
     generator = torch.Generator().manual_seed(0)
     rates = {"means": 0.3, "log_scales": 0.2}  # steps far larger than training's
     lagging = {n: t.clone() for n, t in params.items()}
@@ -277,12 +285,12 @@ def test_culling_keeps_every_gaussian_the_exact_test_keeps_under_large_drift():
     assert sizes[0][1] <= 1.2 * sizes[0][0] < 0.8 * len(model)
 
 
-@pytest.mark.parametrize("first, second", [(offload_engine, local_engine),
-                                           (local_engine, offload_engine),
-                                           (offload_engine, offload_engine)])
+@pytest.mark.parametrize("first, second", [(offloaded, make_engine),
+                                           (make_engine, offloaded),
+                                           (offloaded, offloaded)])
 def test_checkpoints_move_between_engines(first, second):
     views, model = offload_scene()
-    straight = offload_engine(model.detach(), 1, torch.zeros(3, dtype=torch.float64))
+    straight = offloaded(model.detach(), 1, torch.zeros(3, dtype=torch.float64))
     train(straight, views, 1, range(20))
     engine = first(model.detach(), 1, torch.zeros(3, dtype=torch.float64))
     train(engine, views, 1, range(10))
@@ -294,7 +302,7 @@ def test_checkpoints_move_between_engines(first, second):
 
 def test_export_writes_the_caught_up_model(local_runs):
     views, model = offload_scene()
-    engine = offload_engine(model.detach(), 1, torch.zeros(3, dtype=torch.float64))
+    engine = offloaded(model.detach(), 1, torch.zeros(3, dtype=torch.float64))
     train(engine, views, 1)
     part, = list(engine.model_parts())
     expected = state_by_key(local_runs[torch.float64, 1][1])
@@ -304,8 +312,9 @@ def test_export_writes_the_caught_up_model(local_runs):
 
 
 def test_the_device_keeps_44_bytes_per_gaussian():
-    _, model = offload_scene(torch.float32)
-    engine = offload_engine(model.detach(), 1, torch.zeros(3))
+    views, model = offload_scene(torch.float32)
+    engine = offloaded(model.detach(), 1, torch.zeros(3))
+    engine.forward_backward(views[:1], GradientNorms())  # the statistics exist once observed
     memory = engine.rows.memory_per_gaussian()
     assert memory["device"] == 44  # means, log-scales, quaternions, the step written
     assert memory["host"] == 59 * 4 * 3 + 8 + 8 + 8  # params, Adam moments, key, step, stats
@@ -320,14 +329,15 @@ def offloaded_rank(rank: int, world: int, init_file: str, out: str) -> None:
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     views, model = offload_scene()
-    engine = offloaded_shard_engine(shard_of(model, rank, world), 2,
-                                  torch.zeros(3, dtype=torch.float64), forwarding=rank == 0,
-                                  max_imbalance=1.0,  # rebalance after every densification
-                                  lookahead=rank == 1)
+    engine = make_engine(shard_of(model, rank, world), 2, torch.zeros(3, dtype=torch.float64),
+                         offload=OffloadOptions(forwarding=rank == 0, lookahead=rank == 1),
+                         # rebalance after every densification
+                         ranks=RankOptions(max_imbalance=1.0))
     losses, touched = train(engine, views, 2, range(SHARDED_STEPS))
     views, model = densifying_scene()
-    mcmc = offloaded_shard_engine(shard_of(model, rank, world), 2, torch.zeros(3),
-                                  forwarding=rank == 0, max_imbalance=1.0)
+    mcmc = make_engine(shard_of(model, rank, world), 2, torch.zeros(3),
+                       offload=OffloadOptions(forwarding=rank == 0),
+                       ranks=RankOptions(max_imbalance=1.0))
     mcmc_losses = mcmc_run(mcmc, views)
     torch.save((losses, touched, engine.state_dict(), mcmc_losses, mcmc.state_dict()),
                f"{out}.{rank}")
@@ -336,7 +346,7 @@ def offloaded_rank(rank: int, world: int, init_file: str, out: str) -> None:
 
 def test_ranks_that_offload_their_shards_equal_one_device(tmp_path):
     views, model = offload_scene()
-    local = local_engine(model.detach(), 2, torch.zeros(3, dtype=torch.float64))
+    local = make_engine(model.detach(), 2, torch.zeros(3, dtype=torch.float64))
     expected_losses, _ = train(local, views, 2, range(SHARDED_STEPS))
     out = tmp_path / "state"
     mp.spawn(offloaded_rank, args=(2, str(tmp_path / "init"), str(out)), nprocs=2)
@@ -345,7 +355,7 @@ def test_ranks_that_offload_their_shards_equal_one_device(tmp_path):
     assert np.mean(ranks[0][1]) < 0.9  # rows were deferred on the ranks too
     assert_same_sets(concat_states([rank[2] for rank in ranks]), local.state_dict(), 1e-9)
     views, model = densifying_scene()
-    local = local_engine(model.detach(), 2, torch.zeros(3))
+    local = make_engine(model.detach(), 2, torch.zeros(3))
     np.testing.assert_allclose(ranks[0][3], mcmc_run(local, views), rtol=1e-9)
     assert_same_sets(concat_states([rank[4] for rank in ranks]), local.state_dict(), 1e-9)
 
@@ -396,9 +406,9 @@ def test_the_trainer_tells_the_rows_the_next_batch(tmp_path):
     """Through the Trainer's hints, most steps find their rows sent a step early, and
     the run is the one on one device."""
     runs = {}
-    for name, make_engine in (("local", local_engine),
-                              ("ahead", partial(offload_engine, lookahead=True))):
-        trainer = make_trainer(tmp_path / name, make_engine=make_engine, **SHORT)
+    for name, engine_factory in (("local", make_engine),
+                                 ("ahead", partial(offloaded, lookahead=True))):
+        trainer = make_trainer(tmp_path / name, make_engine=engine_factory, **SHORT)
         runs[name] = [trainer.train_step() for _ in range(30)]
     assert [r["loss"] for r in runs["ahead"]] == [r["loss"] for r in runs["local"]]
     early = [r["diagnostics"]["sent_a_step_early"] > 0 for r in runs["ahead"]]

@@ -13,32 +13,40 @@ from splatscale.cli import main
 from splatscale.data.images import ImageStore
 from splatscale.demo import demo_scene
 from splatscale.train.config import TrainConfig
-from splatscale.train.schedule import position_lr
-from splatscale.train.strategy import make_strategy
+from splatscale.strategy import default, make_strategy
+from splatscale.step.schedule import position_lr
 
 
 class RecordingEngine:
-    """What a strategy asks of an engine, by the image it asked at."""
+    """What a strategy asks of an engine, by the image it asked at: its edits run
+    with the operations of ``default`` recorded in place of made (``milestones``)."""
 
     def __init__(self) -> None:
         self.densified: list[int] = []
         self.resets: list[int] = []
         self.at = 0
 
-    def densify_and_prune(self, *args) -> dict:
+    def edit_rows(self, edit):
+        return edit(None, lambda count: count)
+
+    def densify_and_prune(self, *args, **kwargs) -> dict:
         self.densified.append(self.at)
         return {}
 
-    def reset_opacity(self) -> None:
+    def reset_opacity(self, rows) -> dict:
         self.resets.append(self.at)
+        return {}
 
 
 def milestones(config: TrainConfig) -> tuple[list[int], list[int]]:
     """The images after which a 3DGS run densifies, and those it resets opacity at."""
     strategy, engine = make_strategy(config, extent=1.0), RecordingEngine()
-    for image in range(config.iterations):
-        engine.at = image + 1
-        strategy.before_adam(engine, image, image + 1)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(default, "densify_and_prune", engine.densify_and_prune)
+        patch.setattr(default, "reset_opacity", engine.reset_opacity)
+        for image in range(config.iterations):
+            engine.at = image + 1
+            strategy.before_adam(engine, image, image + 1)
     return engine.densified, engine.resets
 
 

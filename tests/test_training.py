@@ -10,7 +10,7 @@ import torch
 from splatscale.demo import demo_scene
 from splatscale.data.images import ImageStore
 from splatscale.train.config import TrainConfig
-from splatscale.engine.local import local_engine
+from splatscale.engine.factory import make_engine
 from splatscale.train.trainer import EngineFactory, RunOptions, Trainer
 
 # 1200 images with densification from image 200 reach about 39 dB on the train
@@ -19,7 +19,7 @@ PSNR_BAR = 30.0
 IMAGES = 1200
 
 
-def make_trainer(tmp_path: Path, make_engine: EngineFactory = local_engine,
+def make_trainer(tmp_path: Path, make_engine: EngineFactory = make_engine,
                  **overrides) -> Trainer:
     scene = demo_scene(tmp_path / "cache")
     store = ImageStore(scene, cache_dir=tmp_path / "cache", background=scene.background)

@@ -22,10 +22,8 @@ import viser.transforms as vtf
 from splatscale.cli import main
 from splatscale.data.images import ImageStore
 from splatscale.demo import demo_scene
-from splatscale.engine.distributed import distributed_engine, shard_of
 from splatscale.engine.distributed.cost_model import RowCost
-from splatscale.engine.local import local_engine
-from splatscale.engine.offload import offload_engine
+from splatscale.engine.factory import OffloadOptions, RankOptions, make_engine, shard_of
 from splatscale.model.orientation import cameras_up
 from splatscale.model.ply import recorded_up
 from splatscale.train.config import TrainConfig
@@ -217,8 +215,8 @@ def trained(scene, out: Path, make_engine, watcher=None, writes: bool = True) ->
 
 @pytest.mark.parametrize("engine", ["local", "offload"])
 def test_a_watched_run_ends_as_an_unwatched_one(engine, demo, tmp_path):
-    make = {"local": local_engine,
-            "offload": partial(offload_engine, forwarding=True)}[engine]
+    make = {"local": make_engine,
+            "offload": partial(make_engine, offload=OffloadOptions(forwarding=True))}[engine]
     alone = trained(demo, tmp_path / "alone", make)
     watcher = ScriptedWatcher()
     watched = trained(demo, tmp_path / "watched", make, watcher)
@@ -241,8 +239,8 @@ def watched_rank(rank: int, world: int, init_file: str, cache: str, out: str,
 
     def make(model, batch_size, background, ssim_weight):
         # Rows shared by a fixed cost: measured times would split them differently each run.
-        return distributed_engine(shard_of(model, rank, world), batch_size, background,
-                                  ssim_weight, fixed_cost=RowCost())
+        return make_engine(shard_of(model, rank, world), batch_size, background, ssim_weight,
+                           ranks=RankOptions(fixed_cost=RowCost()))
 
     watcher = (ScriptedWatcher() if rank == 0 else Bystander()) if watch else None
     trained(demo_scene(Path(cache)), Path(out), make, watcher, writes=rank == 0)

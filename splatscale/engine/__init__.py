@@ -3,45 +3,39 @@
 The contract every engine implements (``Engine`` below) splits the work so
 that the Trainer never asks which engine it has:
 
-- The **Trainer** owns the schedule: which views form each batch, the
-  learning rates of each step, when statistics are gathered, when to densify,
-  reset opacities or raise the SH degree, evaluation, logging and checkpoints.
-  It passes each batch as target images with their cameras.
-- The **engine** owns everything per Gaussian: the parameters, their
-  gradients, the optimiser state and the densification statistics, wherever
-  they live (one device; sharded over ranks; in host memory). It hands out a
-  model only part by part (``model_parts``), for export, never whole on one rank.
+- The **Trainer** owns the run: which views form each batch, the learning
+  rates of each step, evaluation, logging and checkpoints. Its **strategy**
+  (``splatscale.strategy``) owns when and how the set of Gaussians changes.
+  Each batch is passed as target images with their cameras.
+- The **engine** owns everything per Gaussian: the row set (parameters, Adam
+  moments, keys, the strategy's per-row state) wherever it lives (one device;
+  sharded over ranks; in host memory), and the optimiser. It hands out a model
+  only part by part (``model_parts``), for export, never whole on one rank.
 
-One training step is, in this order (3DGS's order):
+One training step is, in this order::
 
-1. ``forward_backward(batch, track_stats)``: render the batch, loss averaged
-   over its views, gradients; with ``track_stats`` add the views' view-space
-   gradient norms to the densification statistics. Returns ``StepResult``.
-2. optionally ``densify_and_prune(...)`` and/or ``reset_opacity()``;
-3. ``optimizer_step(learning_rates)``: Adam with the batch-size rule. A
-   parameter group whose rows step 2 replaced is not stepped (its gradient
-   belonged to the rows it replaced).
+    forward_backward(batch, observer, regularisers)   render, loss, gradients
+    strategy.before_adam(engine, ...)                 edit_rows(...): 3DGS
+    optimizer_step(learning_rates)                    Adam, the batch-size rule
+    strategy.after_adam(engine, ...)                  edit_rows(...): MCMC
 
 ``state_dict``/``load_state_dict`` hold everything needed to continue the run
 bit for bit for the engine's ``shard()`` of the Gaussians, as an ``EngineState``
-(``engine/state.py``: parameters, Adam state, statistics, keys, densification
-count), which checkpoints read and write.
-Every method is called by every rank in the same order: with several ranks
-they are collective.
+(``engine/state.py``), which checkpoints read and write. Every method is called
+by every rank in the same order: with several ranks they are collective.
 
-Every engine is an ``engine.Engine`` of two parts: where the rows live
-(``rows.ResidentRows``, or ``offload.rows.OffloadedRows``: GS-Scale's host store,
-culling, deferred CPU Adam, pipelining) and how a step is computed
-(``one_process.OneProcess``, or ``distributed.compute.Ranks``: Grendel's pixel
-partition, balancer and sparse all-to-all). ``local_engine``,
-``offload.offload_engine``, ``distributed.distributed_engine`` and
-``offload.sharded.offloaded_shard_engine`` make the four combinations.
+The modules: ``composed`` (the engine: a ``Rows`` part and a ``Compute`` part),
+``factory`` (``make_engine``: the one way to make one), ``rows`` (the rows on
+the device), ``offload`` (GS-Scale's rows in host memory), ``one_process`` and
+``distributed`` (Grendel's compute over ranks), ``seen`` (what a step saw, for
+the strategy), ``state`` (the checkpointed state), ``device_images`` (targets
+kept on the device).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Protocol, TypeVar
 
 from torch import Tensor
 
@@ -52,7 +46,11 @@ from splatscale.engine.state import EngineState
 from splatscale.render import RenderOutput
 
 if TYPE_CHECKING:
-    from splatscale.step.mcmc import Regularisers
+    from splatscale.step.row_set import RowSet
+    from splatscale.step.selection import Total
+    from splatscale.strategy.base import GradientTerm, Observer
+
+Result = TypeVar("Result")
 
 
 class TrainView:
@@ -72,19 +70,23 @@ class TrainView:
     @property
     def target(self) -> Tensor:
         if self._target is None:
-            self._target = pixels_as_float(self.pixels())
+            self._target = pixels_as_float(self._whole_pixels())
         return self._target
 
     def pixels(self) -> Tensor | None:
         """The uint8 pixels the target is read from; None for a target given as it is."""
-        if self._read is not None and self._pixels is None:
+        return None if self._read is None else self._whole_pixels()
+
+    def _whole_pixels(self) -> Tensor:
+        assert self._read is not None, "a view is given its target or a way to read it"
+        if self._pixels is None:
             self._pixels = self._read(None)
         return self._pixels
 
     def target_rows(self, y0: int, y1: int, like: Tensor) -> Tensor:
         """Rows ``[y0, y1)`` of the target on ``like``'s device in its dtype, reading no
         others where it is not yet read (and moving them as pixels)."""
-        if self._target is None and self._pixels is None:
+        if self._target is None and self._pixels is None and self._read is not None:
             return pixels_as_float(self._read((y0, y1)).to(like.device)).to(like.dtype)
         return self.target[y0:y1].to(like)
 
@@ -107,31 +109,21 @@ class Engine(Protocol):
         An engine may get that step's Gaussians ready early; nothing depends on it."""
         ...
 
-    def forward_backward(self, batch: list[TrainView], track_stats: bool,
-                         regularisers: "Regularisers | None" = None) -> StepResult:
-        """With ``regularisers``, their gradient over every Gaussian is added to the
-        step's (MCMC)."""
+    def forward_backward(self, batch: list[TrainView], observer: "Observer | None" = None,
+                         regularisers: "GradientTerm | None" = None) -> StepResult:
+        """Render ``batch``, the loss averaged over its views, the gradients; tell
+        ``observer`` what the step saw; with ``regularisers``, their gradient over
+        every Gaussian is added to the step's (MCMC)."""
         ...
 
-    def densify_and_prune(self, grad_threshold: float, percent_dense: float, extent: float,
-                          min_opacity: float, prune_large: bool,
-                          max_gaussians: int | None = None) -> dict[str, int]:
-        """3DGS's densification; with ``max_gaussians``, never past that many Gaussians
-        over all ranks (``step/densify.py``). How many were cloned, split and pruned."""
+    def edit_rows(self, edit: "Callable[[RowSet, Total], Result]") -> Result:
+        """Bring every row current, run ``edit(row_set, total)`` on this rank's rows
+        (``total`` sums a number over the ranks), even the shards out where rows were
+        replaced; ``edit``'s result. Groups it replaced are not stepped with the
+        gradient taken before it."""
         ...
-
-    def reset_opacity(self) -> None: ...
 
     def optimizer_step(self, learning_rates: dict[str, float]) -> None: ...
-
-    def relocate_and_add(self, max_gaussians: int, min_opacity: float) -> dict[str, int]:
-        """MCMC's refinement (``step/mcmc.py``), after ``optimizer_step``: how many
-        Gaussians were relocated and added."""
-        ...
-
-    def inject_noise(self, scale: float, step: int) -> None:
-        """MCMC's noise on the means after ``optimizer_step`` of step ``step``."""
-        ...
 
     def set_sh_degree(self, degree: int) -> None: ...
 

@@ -1,15 +1,14 @@
 """Where the rows live: the ``Rows`` contract, and ``ResidentRows`` (all on one device).
 
-A ``Rows`` part holds the Gaussians of an engine (all of them, or its rank's
-shard): the master ``model``, its ``optimizer`` (the owner of the Adam state)
-and the densification ``stats``, with the same row order. The step part of
-the engine (``compute``) asks it for what a batch renders from and hands the
-gradients back; everything else (densification, the opacity reset, moves
-between ranks, checkpoints, export) acts on ``model``, ``optimizer`` and
-``stats`` directly, after ``bring_current``.
+A ``Rows`` part holds the row set of an engine (``step/row_set.py``: all the
+Gaussians, or its rank's shard, with their Adam moments and the strategy's
+per-row state) and the ``GaussianAdam`` that steps it. The step part of the
+engine (``compute``) asks it for what a batch renders from and hands the
+gradients back; everything else (the strategy's edits, moves between ranks,
+checkpoints, export) acts on ``row_set`` directly, after ``bring_current``.
 
-The offloaded rows (``offload/rows.py``) keep the same master arrays in host
-memory, with the device holding their geometry and each step's working set.
+The offloaded rows (``offload/rows.py``) keep the same row set in host memory,
+with the device holding its geometry and each step's working set.
 """
 
 from __future__ import annotations
@@ -20,12 +19,13 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
+from splatscale.backends import Backend
 from splatscale.data.cameras import Camera
 from splatscale.engine.state import EngineState
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.projection import Visibility
-from splatscale.step import densify
 from splatscale.step.optimizer import GaussianAdam
+from splatscale.step.row_set import MOMENTS, RowSet
 
 
 @dataclass
@@ -43,15 +43,13 @@ class WorkingSet:
 class Rows(Protocol):
     """Where an engine's Gaussians live.
 
-    ``model``, ``optimizer`` and ``stats`` are the master rows; they are current
-    (hold what dense training has) after ``bring_current``, and may be edited
-    then. Whoever replaces their rows (densification, moves between ranks) calls
-    ``rows_replaced`` after.
+    ``row_set`` holds the master rows; they are current (hold what dense training
+    has) after ``bring_current``, and may be edited then. Whoever edits them calls
+    ``rows_edited`` after.
     """
 
-    model: GaussianModel
+    row_set: RowSet
     optimizer: GaussianAdam
-    stats: densify.DensifyStats
     device: torch.device
 
     def working_set(self, cameras: list[Camera]) -> WorkingSet:
@@ -81,11 +79,12 @@ class Rows(Protocol):
         ...
 
     def bring_current(self) -> None:
-        """Post: ``model``, ``optimizer`` and ``stats`` are current."""
+        """Post: every row of ``row_set`` is current."""
         ...
 
-    def rows_replaced(self) -> None:
-        """Pre: the master rows were replaced (new tensors, new count)."""
+    def rows_edited(self, replaced: bool) -> None:
+        """Pre: the row set was edited after ``bring_current``: its rows ``replaced``
+        (added, removed or moved), or only values of them changed."""
         ...
 
     def state_dict(self) -> EngineState: ...
@@ -98,16 +97,18 @@ class Rows(Protocol):
 
 
 class ResidentRows:
-    """Every row, its Adam state and statistics on ``device``: always current."""
+    """Every row on ``device``: always current."""
 
-    def __init__(self, model: GaussianModel, batch_size: int, device: str = "cpu") -> None:
+    def __init__(self, model: GaussianModel, batch_size: int, device: str = "cpu",
+                 backend: Backend | None = None) -> None:
+        """``backend`` steps Adam (None: the device's)."""
         self.device = torch.device(device)
-        self.model = model.to(device=self.device).requires_grad_(True)
-        self.optimizer = GaussianAdam(self.model.parameters(), batch_size)
-        self.stats = zero_stats(self.model)
+        self.row_set = RowSet(model.to(device=self.device))
+        self.optimizer = GaussianAdam(GaussianModel.PARAMETERS, batch_size, backend)
 
     def working_set(self, cameras: list[Camera]) -> WorkingSet:
-        return WorkingSet(torch.arange(len(self.model), device=self.device), self.model)
+        model = self.row_set.model
+        return WorkingSet(torch.arange(len(model), device=self.device), model)
 
     def gradients_taken(self, working: WorkingSet) -> None:
         """The gradients stay on the model's tensors."""
@@ -116,19 +117,18 @@ class ResidentRows:
         """Every row is on the device already."""
 
     def add_gradient(self, term: Callable[[dict[str, Tensor]], dict[str, Tensor]]) -> None:
-        params = self.model.parameters()
+        params = self.row_set.params
         for name, grad in term(params).items():
             param = params[name]
             param.grad = grad if param.grad is None else param.grad + grad
 
     def step(self, learning_rates: dict[str, float]) -> None:
-        self.optimizer.step(learning_rates)
-        self.optimizer.zero_grad()
+        self.optimizer.step(self.row_set, learning_rates, self.row_set.take_edited())
 
     def bring_current(self) -> None:
         """Resident rows are always current."""
 
-    def rows_replaced(self) -> None:
+    def rows_edited(self, replaced: bool) -> None:
         """Nothing is derived from the rows here."""
 
     def state_dict(self) -> EngineState:
@@ -141,34 +141,27 @@ class ResidentRows:
         """Nothing works beside the steps."""
 
 
-def zero_stats(model: GaussianModel) -> densify.DensifyStats:
-    return densify.DensifyStats.zeros(len(model), model.means.dtype, model.means.device)
-
-
 def rows_state(rows: Rows) -> EngineState:
     """The master rows' part of the engine state, as CPU copies (rows current)."""
-    def saved(t: Tensor) -> Tensor:
-        return t.detach().to("cpu", copy=True)
-    optimizer = rows.optimizer.state_dict()
-    return {"model": {n: saved(t) for n, t in rows.model.parameters().items()},
-            "sh_degree": rows.model.sh_degree,
-            "optimizer": dict(optimizer, **{kind: {n: saved(t) for n, t in
-                                                   optimizer[kind].items()}
-                                            for kind in ("exp_avg", "exp_avg_sq")}),
-            "stats": {"grad_sum": saved(rows.stats.grad_sum), "count": saved(rows.stats.count)},
-            "keys": saved(rows.model.keys)}
+    def saved(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {n: t.detach().to("cpu", copy=True) for n, t in tensors.items()}
+    row_set = rows.row_set
+    optimizer = dict(rows.optimizer.state_dict(),
+                     **{kind: saved(row_set.moments[kind]) for kind in MOMENTS})
+    return {"model": saved(row_set.params), "sh_degree": row_set.model.sh_degree,
+            "optimizer": optimizer, "stats": saved(row_set.state),
+            "keys": row_set.model.keys.to("cpu", copy=True), "densify_events": row_set.events}
 
 
 def load_rows_state(rows: Rows, state: EngineState, home: torch.device | None = None) -> None:
     """Take ``state``'s rows as the master rows, stored on ``home`` (the rows'
     device by default)."""
     home = rows.device if home is None else home
-    rows.model = GaussianModel(**{n: t.to(home, copy=True) for n, t in state["model"].items()},
-                               sh_degree=state["sh_degree"],
-                               keys=state["keys"].to(home, copy=True)).requires_grad_(True)
-    optimizer = state["optimizer"]
-    rows.optimizer.load_state_dict(dict(optimizer, **{
-        kind: {n: t.to(home) for n, t in optimizer[kind].items()}
-        for kind in ("exp_avg", "exp_avg_sq")}), rows.model.parameters())
-    rows.stats = densify.DensifyStats(state["stats"]["grad_sum"].to(home, copy=True),
-                                      state["stats"]["count"].to(home, copy=True))
+
+    def placed(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
+        return {n: t.to(home, copy=True) for n, t in tensors.items()}
+    model = GaussianModel(**placed(state["model"]), sh_degree=state["sh_degree"],
+                          keys=state["keys"].to(home, copy=True))
+    rows.row_set = RowSet(model, {kind: placed(state["optimizer"][kind]) for kind in MOMENTS},
+                          placed(state["stats"]), state["densify_events"])
+    rows.optimizer.load_state_dict(state["optimizer"])

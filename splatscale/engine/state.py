@@ -8,7 +8,7 @@ a checkpoint saved by W ranks is read by any number of ranks.
 
 from __future__ import annotations
 
-from typing import Callable, TypedDict
+from typing import Callable, TypedDict, cast
 
 import torch
 from torch import Tensor
@@ -19,11 +19,11 @@ from splatscale.model.gaussians import MAX_SH_DEGREE, GaussianModel
 class EngineState(TypedDict):
     model: dict[str, Tensor]      # GaussianModel.parameters(): means, quats, ... per row
     sh_degree: int                # the SH degree in use
-    optimizer: dict               # GaussianAdam.state_dict(): exp_avg and exp_avg_sq per
-                                  # group (rows), steps per group, batch_size
-    stats: dict[str, Tensor]      # densification statistics per row: grad_sum, count
+    optimizer: dict               # exp_avg and exp_avg_sq per group (rows), and
+                                  # GaussianAdam.state_dict(): steps per group, batch_size
+    stats: dict[str, Tensor]      # the strategy's per-row state (RowSet.state), by name
     keys: Tensor                  # [N] int64: each Gaussian's name, whatever its row
-    densify_events: int           # densifications so far (they seed the new keys)
+    densify_events: int           # row edits so far (they seed the new keys)
 
 
 def state_problem(state) -> str | None:
@@ -55,9 +55,10 @@ def state_problem(state) -> str | None:
     if type(batch_size) is not int or batch_size < 1:
         return f"its optimiser's batch_size is {batch_size!r}"
     stats = state["stats"]
-    if not isinstance(stats, dict) or set(stats) != {"grad_sum", "count"} or not all(
-            isinstance(t, Tensor) and t.shape == (len(model),) for t in stats.values()):
-        return "its densification statistics do not match its Gaussians"
+    if not isinstance(stats, dict) or not all(
+            isinstance(name, str) and isinstance(t, Tensor) and len(t.shape) >= 1
+            and t.shape[0] == len(model) for name, t in stats.items()):
+        return "its per-Gaussian statistics do not match its Gaussians"
     return None
 
 
@@ -72,19 +73,27 @@ def shard_rows(count: int, rank: int, world: int) -> slice:
     return slice(bounds[rank], bounds[rank + 1])
 
 
-def _map_rows(state: EngineState, rows: Callable[[list[Tensor]], Tensor], others: list[EngineState]) -> EngineState:
+def _map_rows(state: EngineState, rows: Callable[[list[Tensor]], Tensor],
+              others: list[EngineState]) -> EngineState:
     """``state`` with every per-Gaussian tensor replaced by ``rows`` of it and of the
     same tensor in ``others``; the rest (step counts, SH degree) taken from ``state``."""
-    def per_row(get: Callable[[dict], Tensor]) -> Tensor:
-        return rows([get(s) for s in [state, *others]])
+    states = [state, *others]
+
+    def per_row(*path: str) -> Tensor:
+        def at(s: EngineState) -> Tensor:
+            value: object = s
+            for part in path:
+                value = cast(dict, value)[part]
+            return cast(Tensor, value)
+        return rows([at(s) for s in states])
 
     optimizer = dict(state["optimizer"])
     for kind in ("exp_avg", "exp_avg_sq"):
-        optimizer[kind] = {n: per_row(lambda s, n=n, kind=kind: s["optimizer"][kind][n])
-                           for n in state["optimizer"][kind]}
-    return dict(state, optimizer=optimizer, keys=per_row(lambda s: s["keys"]),
-                model={n: per_row(lambda s, n=n: s["model"][n]) for n in state["model"]},
-                stats={n: per_row(lambda s, n=n: s["stats"][n]) for n in state["stats"]})
+        optimizer[kind] = {n: per_row("optimizer", kind, n) for n in state["optimizer"][kind]}
+    mapped = dict(state, optimizer=optimizer, keys=per_row("keys"),
+                  model={n: per_row("model", n) for n in state["model"]},
+                  stats={n: per_row("stats", n) for n in state["stats"]})
+    return cast(EngineState, mapped)
 
 
 def state_rows(state: EngineState, rows: slice) -> EngineState:

@@ -40,7 +40,7 @@ def _returned(staged: Tensor, tensor: Tensor) -> None:
         tensor.copy_(staged)
 
 
-def all_reduce(tensor: Tensor, op: dist.ReduceOp = SUM) -> None:
+def all_reduce(tensor: Tensor, op: dist.ReduceOp.RedOpType = SUM) -> None:
     """``tensor`` reduced over the ranks, in place."""
     staged = _staged(tensor)
     dist.all_reduce(staged, op=op)

@@ -1,9 +1,9 @@
 """How a step is computed by ranks (Grendel): each rank owns a shard of the Gaussians
 (its rows part) and renders a share of every batch's pixel rows.
 
-``Ranks`` is the step part of an engine whose rows are one rank's shard (with
-``ResidentRows``: ``distributed_engine``; with ``OffloadedRows``:
-``offloaded_shard_engine``). One step, on every rank of the process group:
+``ManyRanks`` is the step part of an engine whose rows are one rank's shard (with
+``ResidentRows`` or ``OffloadedRows``; ``engine/factory.py``). One step, on
+every rank of the process group:
 
 1. project the rows the shard's working set gives into the batch's B cameras;
 2. histogram the splats' tile intersections per (camera, tile row); one
@@ -13,18 +13,18 @@
    (``cost_model``) unless fixed;
 3. send each splat to the ranks whose bands (plus SSIM's halo) it touches
    (``exchange``);
-4. render the own bands with their halo and take the loss of the own rows,
-   divided by the whole image's size: the ranks' losses add up to the single
-   process' loss, and ``backward`` returns every gradient to the Gaussian's owner;
-5. densification statistics, densification, opacity reset and Adam act on the
-   shard alone (the engine's code for one process): keys make them independent
-   of where a Gaussian is stored, so the shards together equal the single
-   process; after densification the shards are evened out (``densified``).
+4. render the own bands with their halo and take the loss of the own rows
+   (``step/view_loss.py``, the single process' own path), divided by the whole
+   image's size: the ranks' losses add up to the single process' loss, and
+   ``backward`` returns every gradient to the Gaussian's owner;
+5. the strategy's statistics and edits, and Adam, act on the shard alone (the
+   code of one process): keys make them independent of where a Gaussian is
+   stored, so the shards together equal the single process; after an edit
+   replaced rows the shards are evened out (``rebalance``).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Iterator
 
@@ -40,27 +40,34 @@ from splatscale.engine.distributed.exchange import (all_to_all, all_to_all_diffe
                                                     rendered_workload, route, unpack)
 from splatscale.engine.distributed.cost_model import FittedRowCost, RowCost
 from splatscale.engine.distributed.partition import Band, partition, tile_row_work
-from splatscale.engine.one_process import track
 from splatscale.engine.rows import Rows
+from splatscale.engine.seen import tell, watch
 from splatscale.model.gaussians import GaussianModel
+from splatscale.backends import Backend, backend_for
 from splatscale.render import RenderOutput, Splats, project, rasterize
-from splatscale.step.loss import photometric_loss
+from splatscale.step.loss import psnr_of
+from splatscale.step.selection import Number
+from splatscale.step.view_loss import band_loss
+from splatscale.strategy.base import Observer
 
 # Shards are rebalanced after densification when the largest exceeds the smallest by this.
 MAX_IMBALANCE = 1.1
 
 
-class Ranks:
+class ManyRanks:
     """The forward pass shared by all ranks, over each rank's shard."""
 
     def __init__(self, background: Tensor, ssim_weight: float = 0.2, balance: str = "cost",
                  fixed_cost: RowCost | None = None,
-                 max_imbalance: float = MAX_IMBALANCE, device: str = "cpu") -> None:
+                 max_imbalance: float = MAX_IMBALANCE, device: str = "cpu",
+                 backend: Backend | None = None) -> None:
         """``balance``: ``cost`` cuts rows of equal estimated cost, with ``fixed_cost``
         or else with coefficients fitted as the run goes; ``uniform`` equal row counts.
         Shards are rebalanced when the largest exceeds the smallest by ``max_imbalance``.
-        ``device`` renders; the partition's bookkeeping stays on the host."""
+        ``device`` renders (with ``backend``, None: the device's); the partition's
+        bookkeeping stays on the host."""
         self.background = background.to(torch.device(device))
+        self.backend = backend or backend_for(device)
         self.ssim_weight = ssim_weight
         self.balance = balance
         self.fixed_cost = fixed_cost
@@ -69,35 +76,36 @@ class Ranks:
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
 
     def forward_backward(self, rows: Rows, batch: list[TrainView],
-                         track_stats: bool) -> StepResult:
+                         observer: Observer | None) -> StepResult:
         cameras = [view.camera for view in batch]
         working = rows.working_set(cameras)
-        splats = project(working.model, cameras, working.seen)
-        splats.means2d.retain_grad()
+        splats = project(working.model, cameras, working.seen, self.backend)
+        watch(splats, observer)
+        # A per-pixel statistic needs each pixel's gradient whole (``band_loss``).
+        halos = 2 if observer is not None and observer.absgrad else 1
         work = tile_row_work(splats, cameras).cpu()
         collectives.all_reduce(work)
         bands = partition(work, cameras, self.world, self.row_cost())
-        received, received_ints = self._exchange(splats, bands, cameras)
+        received, received_ints = self._exchange(splats, bands, cameras, halos)
 
         began = self._clock()
-        loss, squared_errors = self._own_loss(batch, bands[self.rank], received, received_ints)
+        loss, squared_errors = self._own_loss(batch, bands[self.rank], received, received_ints,
+                                              halos)
         # The own bands' backward first, timed: the rest waits for the other ranks.
         received_grad, = torch.autograd.grad(loss, received)
         seconds = self._clock() - began
         received.backward(received_grad)
-        if track_stats:
-            track(rows.stats, splats, batch,
-                  working.rows[splats.gaussian_ids.to(working.rows.device)])
         rows.gradients_taken(working)
+        tell(observer, rows, working, splats)
         reports = torch.zeros(self.world, 3, dtype=torch.float64)
-        reports[self.rank] = torch.tensor([*rendered_workload(work, bands[self.rank], cameras),
-                                           seconds],
-                                          dtype=torch.float64)
+        reports[self.rank] = torch.tensor(
+            [*rendered_workload(work, bands[self.rank], cameras, halos), seconds],
+            dtype=torch.float64)
         totals = torch.cat([loss.detach().to("cpu", torch.float64)[None], squared_errors,
                             reports.view(-1)])
         collectives.all_reduce(totals)
         self.fitted_cost.add(totals[1 + len(batch):].view(self.world, 3))
-        psnrs = [_psnr(float(totals[1 + c]), 3 * v.camera.width * v.camera.height)
+        psnrs = [psnr_of(float(totals[1 + c]), 3 * v.camera.width * v.camera.height)
                  for c, v in enumerate(batch)]
         return StepResult(float(totals[0]), sum(psnrs) / len(psnrs),
                           {**working.measured, "bands": bands, "render_seconds": seconds})
@@ -105,19 +113,19 @@ class Ranks:
     def _clock(self) -> float:
         """Seconds, once the device has done what was asked of it (a GPU runs behind
         the host)."""
-        if self.background.device.type == "cuda":
-            torch.cuda.synchronize(self.background.device)
+        device = self.background.device
+        backend_for(device).synchronize(device)  # the device's own, whatever renders
         return time.perf_counter()
 
     def _own_loss(self, batch: list[TrainView], bands: list[Band], floats: Tensor,
-                  ints: Tensor) -> tuple[Tensor, Tensor]:
+                  ints: Tensor, halos: int) -> tuple[Tensor, Tensor]:
         """This rank's share of the batch's loss, and its squared error per image."""
         # Every rank's loss must reach the exchange, or its backward collective would hang.
         loss = 0.0 * floats.sum()
         squared_errors = torch.zeros(len(batch), dtype=torch.float64)
         for band in bands:
-            band_loss, error = self._band_loss(band, batch[band.camera], floats, ints)
-            loss = loss + band_loss
+            share, error = self._band_loss(band, batch[band.camera], floats, ints, halos)
+            loss = loss + share
             squared_errors[band.camera] += error
         return loss / len(batch), squared_errors
 
@@ -127,63 +135,57 @@ class Ranks:
             return None
         return self.fixed_cost or self.fitted_cost.current
 
-    def _exchange(self, splats: Splats, bands: list[list[Band]],
-                  cameras: list[Camera]) -> tuple[Tensor, Tensor]:
+    def _exchange(self, splats: Splats, bands: list[list[Band]], cameras: list[Camera],
+                  halos: int = 1) -> tuple[Tensor, Tensor]:
         """The splats this rank renders: float columns (with gradient) and int columns."""
-        send, send_counts = route(splats, bands, cameras)
+        send, send_counts = route(splats, bands, cameras, halos)
         recv_counts = exchange_counts(send_counts)
         floats, ints = pack(splats)
         return (all_to_all_differentiable(floats.index_select(0, send), send_counts,
                                           recv_counts),
                 all_to_all(ints.index_select(0, send), send_counts, recv_counts))
 
-    def _band_loss(self, band: Band, view: TrainView, floats: Tensor,
-                   ints: Tensor) -> tuple[Tensor, float]:
+    def _band_loss(self, band: Band, view: TrainView, floats: Tensor, ints: Tensor,
+                   halos: int) -> tuple[Tensor, float]:
         """The band's share of its image's loss, and its rows' summed squared error."""
         camera = view.camera
-        y0, y1 = render_rows(band, camera)
+        y0, y1 = render_rows(band, camera, halos)
         out = rasterize(unpack(floats, ints, band.camera, camera), camera.width,
-                        camera.height, rows=(y0, y1), background=self.background)
+                        camera.height, rows=(y0, y1), background=self.background,
+                        backend=self.backend)
         own = (band.rows[0] - y0, band.rows[1] - y0)
-        target = view.target_rows(y0, y1, like=out.rgb)
-        loss = photometric_loss(out.rgb, target, self.ssim_weight, rows=own,
-                                count=3 * camera.width * camera.height)
-        error = (out.rgb.detach()[own[0]:own[1]].clamp(0, 1) - target[own[0]:own[1]]) ** 2
-        return loss, float(error.sum())
+        return band_loss(out.rgb, view.target_rows(y0, y1, like=out.rgb), own,
+                         3 * camera.width * camera.height, self.ssim_weight,
+                         whole_pixels=halos == 2)
 
-    def densified(self, rows: Rows) -> None:
-        """Move Gaussians, with their Adam state, statistics and keys, between ranks so
-        that the shards are an even split of the whole, kept in rank order (when the
-        largest exceeds the smallest by ``max_imbalance``)."""
+    def rebalance(self, rows: Rows) -> None:
+        """Move rows between ranks, every per-row tensor with them, so that the shards
+        are an even split of the whole, kept in rank order (when the largest exceeds
+        the smallest by ``max_imbalance``)."""
+        count = len(rows.row_set)
         sizes = torch.zeros(self.world, dtype=torch.int64)
-        sizes[self.rank] = len(rows.model)
+        sizes[self.rank] = count
         collectives.all_reduce(sizes)
         if int(sizes.max()) <= self.max_imbalance * int(sizes.min()):
             return
         total, start = int(sizes.sum()), int(sizes[:self.rank].sum())
         bounds = torch.tensor([total * r // self.world for r in range(1, self.world)])
-        owners = torch.searchsorted(bounds, torch.arange(start, start + len(rows.model)),
-                                    right=True)
+        owners = torch.searchsorted(bounds, torch.arange(start, start + count), right=True)
         send = torch.bincount(owners, minlength=self.world).tolist()
         recv = exchange_counts(send)
-        move = lambda name, t: all_to_all(t.detach(), send, recv)  # noqa: E731 - in order
-        rows.optimizer.edit(move, move)
-        rows.model.set_parameters(rows.optimizer.params)
-        rows.model.keys = move("keys", rows.model.keys)
-        rows.stats = type(rows.stats)(move("grad_sum", rows.stats.grad_sum),
-                                      move("count", rows.stats.count))
+        rows.row_set.map_rows(lambda name, t: all_to_all(t, send, recv))  # in order
 
     def any_rank(self, flag: bool) -> bool:
         agreed = torch.tensor([int(flag)])
         collectives.all_reduce(agreed, collectives.MAX)
         return bool(agreed)
 
-    def total(self, value: int | float) -> int | float:
+    def total(self, value: Number) -> Number:
         """``value`` summed over the ranks (floats in float64)."""
         summed = torch.tensor([value], dtype=torch.float64 if isinstance(value, float)
                               else torch.int64)
         collectives.all_reduce(summed)
-        return summed.item()
+        return type(value)(summed.item())
 
     def model_parts(self, shard: GaussianModel) -> Iterator[GaussianModel]:
         """Rank 0 yields the shards in rank order, each received when its turn comes."""
@@ -209,7 +211,7 @@ class Ranks:
         """The whole view on every rank, each rank rendering its rows of it (rows
         current)."""
         working = rows.working_set([camera])
-        splats = project(working.model, [camera], working.seen)
+        splats = project(working.model, [camera], working.seen, self.backend)
         work = tile_row_work(splats, [camera]).cpu()
         collectives.all_reduce(work)
         bands = partition(work, [camera], self.world, self.row_cost())
@@ -217,7 +219,7 @@ class Ranks:
         image = torch.zeros(camera.height, camera.width, 5, dtype=working.model.means.dtype)
         for band in bands[self.rank]:
             out = rasterize(unpack(floats, ints, 0, camera), camera.width, camera.height,
-                            rows=band.rows, background=self.background)
+                            rows=band.rows, background=self.background, backend=self.backend)
             image[band.rows[0]:band.rows[1]] = torch.cat(
                 [out.rgb, out.alpha[..., None], out.depth[..., None]], dim=-1)
         collectives.all_reduce(image)  # each row comes from one rank, zeros from the others
@@ -226,7 +228,3 @@ class Ranks:
     def shard(self) -> tuple[int, int]:
         return self.rank, self.world
 
-
-def _psnr(squared_error: float, count: int) -> float:
-    mse = squared_error / count
-    return float("inf") if mse == 0 else -10 * math.log10(mse)

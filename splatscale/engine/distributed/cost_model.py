@@ -38,7 +38,8 @@ class FittedRowCost:
     def add(self, reports: torch.Tensor) -> None:
         """Rows of (pixels, intersections, seconds); a rank that rendered nothing says
         nothing about the coefficients and is left out."""
-        self.reports.extend(tuple(map(float, r)) for r in reports if r[0] > 0 and r[2] > 0)
+        self.reports.extend((float(r[0]), float(r[1]), float(r[2])) for r in reports
+                            if r[0] > 0 and r[2] > 0)
         if len(self.reports) >= MIN_REPORTS:
             self.current = _fit(torch.tensor(list(self.reports), dtype=torch.float64),
                                 self.current)

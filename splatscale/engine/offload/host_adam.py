@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from splatscale.step.adam_kernels import adam_constants, adam_replay
-from splatscale.step.optimizer import GaussianAdam
+from splatscale.step.optimizer import AdamRows, GaussianAdam, step_factors
 
 # A row is caught up when it would otherwise fall this many steps behind.
 MAX_SKIPPED_STEPS = 15
@@ -109,15 +109,17 @@ class Forecast:
 
 
 class DeferredAdam:
-    """The host half of the offload engine's optimiser: ``GaussianAdam``'s state
-    (shared, so densification edits it as it does on one device), each row's
-    ``updated_at`` global step, and a log of every step's hyperparameters."""
+    """The host half of the offload engine's optimiser: Adam's bookkeeping (``adam``,
+    whose step counts it advances), the rows it steps (``rows``: the row set, whose
+    edits it sees as they are made), each row's ``updated_at`` global step, and a
+    log of every step's hyperparameters."""
 
-    def __init__(self, adam: GaussianAdam, rows: int) -> None:
+    def __init__(self, adam: GaussianAdam, rows: AdamRows, count: int) -> None:
         self.adam = adam
+        self.rows = rows
         self.step_count = 0
-        self.updated_at = torch.zeros(rows, dtype=torch.int64)
-        self.logs = {name: StepLog() for name in adam.params}
+        self.updated_at = torch.zeros(count, dtype=torch.int64)
+        self.logs = {name: StepLog() for name in adam.steps}
         hyper = adam.decay
         self.ratio_bound = _SAFETY * (1 - hyper.beta1) / math.sqrt(
             (1 - hyper.beta2) * (1 - hyper.beta1 ** 2 / hyper.beta2))
@@ -135,9 +137,8 @@ class DeferredAdam:
         if not took:
             return False, 0.0, 1.0, 0.0
         h = self.adam.hyper(lr)
-        bias1, bias2 = 1 - h.beta1 ** t, 1 - h.beta2 ** t
-        return (True, -h.lr / bias1, math.sqrt(bias2),
-                h.lr * math.sqrt(bias2) / bias1 * self.ratio_bound)
+        scale, root_bias2 = step_factors(h, t)
+        return True, scale, root_bias2, h.lr * root_bias2 / (1 - h.beta1 ** t) * self.ratio_bound
 
     def forecast(self, learning_rates: dict[str, float]) -> Forecast:
         """This optimiser as it will be once the next step is logged, if every group
@@ -169,8 +170,8 @@ class DeferredAdam:
         the master arrays are only read. The new parameter values are written into
         ``staging(shape, dtype)``'s tensors."""
         out = Advanced(rows, {}, {}, {})
-        for name in self.adam.params if names is None else names:
-            param = self.adam.params[name]
+        for name in self.rows.params if names is None else names:
+            param = self.rows.params[name]
             shape = (len(rows), *param.shape[1:])
             new = [staging(shape, param.dtype), host_memory(shape, param.dtype),
                    host_memory(shape, param.dtype)]
@@ -180,20 +181,22 @@ class DeferredAdam:
 
     def update(self, rows: Tensor, grads: dict[str, Tensor] | None = None) -> None:
         """``advance`` written straight into the master arrays: the rows are current."""
-        for name, param in self.adam.params.items():
-            self._replay(name, rows, grads, [param.detach(), self.adam.exp_avg[name],
-                                             self.adam.exp_avg_sq[name]], rows)
+        moments = self.rows.moments
+        for name, param in self.rows.params.items():
+            self._replay(name, rows, grads, [param.detach(), moments["exp_avg"][name],
+                                             moments["exp_avg_sq"][name]], rows)
         self.updated_at[rows] = self.step_count
 
     def _replay(self, name: str, rows: Tensor, grads: dict[str, Tensor] | None,
                 out: list[Tensor], targets: Tensor) -> None:
-        param = self.adam.params[name]
+        param = self.rows.params[name]
+        moments = self.rows.moments
         width = param[0].numel()
         as_rows = lambda t: t.detach().reshape(len(t), width).numpy()  # noqa: E731 - views
         grad = (grads[name] if grads is not None
                 else torch.zeros((len(rows), *param.shape[1:]), dtype=param.dtype))
-        master = [as_rows(t) for t in (param, self.adam.exp_avg[name],
-                                       self.adam.exp_avg_sq[name])]
+        master = [as_rows(t) for t in (param, moments["exp_avg"][name],
+                                       moments["exp_avg_sq"][name])]
         h, dtype = self.adam.decay, master[0].dtype
         adam_replay(*master, rows.numpy(), self.updated_at[rows].numpy(),
                     as_rows(grad.contiguous()), self.step_count, *self.logs[name].arrays(dtype),
@@ -203,10 +206,11 @@ class DeferredAdam:
     @torch.no_grad()
     def write(self, advanced: Advanced) -> None:
         """Store advanced rows in the master arrays: they are current now."""
-        for name, param in self.adam.params.items():
+        moments = self.rows.moments
+        for name, param in self.rows.params.items():
             param.index_copy_(0, advanced.rows, advanced.params[name])
-            self.adam.exp_avg[name].index_copy_(0, advanced.rows, advanced.exp_avg[name])
-            self.adam.exp_avg_sq[name].index_copy_(0, advanced.rows, advanced.exp_avg_sq[name])
+            moments["exp_avg"][name].index_copy_(0, advanced.rows, advanced.exp_avg[name])
+            moments["exp_avg_sq"][name].index_copy_(0, advanced.rows, advanced.exp_avg_sq[name])
         self.updated_at[advanced.rows] = self.step_count
 
     def overdue(self) -> Tensor:

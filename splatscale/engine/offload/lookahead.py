@@ -59,7 +59,7 @@ def same_view(a: Camera, b: Camera) -> bool:
                       and torch.equal(a.viewmat, b.viewmat) and torch.equal(a.K, b.K))
 
 
-class Sources:
+class ValueSources:
     """Where the values of a step's candidates come from: sent now (``fresh_rows``)
     and, looking ahead, sent a step early. Which row is where is kept on the host;
     only index tensors go to the device, so that taking rows there does not make the
@@ -67,8 +67,8 @@ class Sources:
 
     def __init__(self, rows: Tensor, ahead: Ahead | None,
                  upload: Callable[[Tensor], Tensor]) -> None:
-        self.early = (torch.zeros(len(rows), dtype=torch.bool) if ahead is None
-                      else torch.isin(rows, ahead.sent))
+        self.early = (torch.zeros(len(rows), dtype=torch.bool)
+                      if ahead is None or ahead.sent is None else torch.isin(rows, ahead.sent))
         self.fresh_rows = rows[~self.early]
         self._sent_early = None if ahead is None else ahead.values
         self._upload = upload

@@ -21,10 +21,10 @@ step 1 culls the next batch too, and before the gradients come back the
 values of its candidates that this step leaves alone are computed and sent;
 the next step computes only the rest.
 
-The master model, ``GaussianAdam`` state and statistics have the resident
-rows' layout, so densification, the opacity reset, checkpoints and export run
-the same code on them once every row has caught up (``bring_current``); a
-checkpoint moves freely between offloaded and resident rows.
+The master row set has the resident rows' layout, so the strategy's edits,
+checkpoints and export run the same code on it once every row has caught up
+(``bring_current``); a checkpoint moves freely between offloaded and resident
+rows.
 """
 
 from __future__ import annotations
@@ -38,14 +38,15 @@ from torch import Tensor
 from splatscale.data.cameras import Camera
 from splatscale.engine.offload.culling import DeviceGeometry, candidates
 from splatscale.engine.offload.host_adam import Allocate, DeferredAdam, host_memory
-from splatscale.engine.offload.lookahead import Ahead, Expected, Sources
-from splatscale.engine.offload.pipeline import Update, UpdatePipeline
+from splatscale.engine.offload.lookahead import Ahead, Expected, ValueSources
+from splatscale.engine.offload.forwarding import Update, UpdatePipeline
 from splatscale.engine.offload.transfers import InFlight, Transfers
-from splatscale.engine.rows import (WorkingSet, load_rows_state, rows_state, zero_stats)
+from splatscale.engine.rows import WorkingSet, load_rows_state, rows_state
 from splatscale.engine.state import EngineState
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.projection import visibility
 from splatscale.step.optimizer import GaussianAdam
+from splatscale.step.row_set import RowSet
 
 GEOMETRY = ("means", "log_scales", "quats")
 EXACT_TEST = (*GEOMETRY, "opacity_logits")  # what project's visibility test reads
@@ -60,24 +61,25 @@ class OffloadedRows:
         work only adds contention."""
         self.device = torch.device(device)
         self.transfers = Transfers(self.device)
-        self.model = model.to(device="cpu").requires_grad_(True)
-        self.optimizer = GaussianAdam(self.model.parameters(), batch_size)
-        self.stats = zero_stats(self.model)
-        on_device = self.device.type != "cpu"
+        self.row_set = RowSet(model.to(device="cpu"))
+        self.optimizer = GaussianAdam(GaussianModel.PARAMETERS, batch_size)
+        on_device = not self.transfers.backend.shares_host_memory
         self.pipeline = UpdatePipeline(on_device if forwarding is None else forwarding)
         self.lookahead = on_device if lookahead is None else lookahead
         self.expected: Expected | None = None
         self.ahead: Ahead | None = None
-        self.host_adam = DeferredAdam(self.optimizer, len(self.model))
+        self.host_adam = DeferredAdam(self.optimizer, self.row_set, len(self.row_set))
         self.geometry = self._device_geometry()
         self.pending: Update | None = None  # this step's gradients, until ``step``
 
     def _device_geometry(self) -> DeviceGeometry:
         """The device's copy of the master geometry; every row current."""
-        return DeviceGeometry(
-            *(getattr(self.model, n).detach().to(self.device, copy=True) for n in GEOMETRY),
-            torch.full((len(self.model),), self.host_adam.step_count, dtype=torch.int32,
-                       device=self.device))
+        model = self.row_set.model
+        means, log_scales, quats = (getattr(model, n).detach().to(self.device, copy=True)
+                                    for n in GEOMETRY)
+        return DeviceGeometry(means, log_scales, quats,
+                              torch.full((len(model),), self.host_adam.step_count,
+                                         dtype=torch.int32, device=self.device))
 
     # -- one step ----------------------------------------------------------------------
 
@@ -90,7 +92,7 @@ class OffloadedRows:
         ahead, self.ahead = self.ahead, None
         ahead = ahead if ahead is not None and ahead.serves(cameras) else None
         rows = ahead.candidates if ahead is not None else self.candidates(cameras)
-        sources = Sources(rows, ahead, self.transfers.upload)
+        sources = ValueSources(rows, ahead, self.transfers.upload)
         sent = self._send(sources.fresh_rows, EXACT_TEST).ready()
         tested = sources.taken(sent)
         seen = visibility(SimpleNamespace(**tested), cameras)
@@ -105,7 +107,7 @@ class OffloadedRows:
         measured = {"host_to_device_bytes": sent_bytes,
                     "candidates": len(rows), "visible": len(kept),
                     "sent_a_step_early": int(sources.early[kept_rows].sum())}
-        model = GaussianModel(**values, sh_degree=self.model.sh_degree)
+        model = GaussianModel(**values, sh_degree=self.row_set.model.sh_degree)
         return WorkingSet(rows[kept_rows], model.requires_grad_(True), seen.of_gaussians(kept),
                           measured)
 
@@ -114,7 +116,7 @@ class OffloadedRows:
         into staging buffers and sent."""
         values = self.current(rows, names, self.transfers.staging)
         if "means" in names:
-            values["keys"] = self.model.keys[rows]
+            values["keys"] = self.row_set.model.keys[rows]
         return self.transfers.send(values)
 
     def candidates(self, cameras: list[Camera], adam: DeferredAdam | None = None) -> Tensor:
@@ -154,14 +156,14 @@ class OffloadedRows:
         self._settle()  # the forecast replays from the rows the step before updated
         rows = ahead.candidates[~torch.isin(ahead.candidates, seen)]
         values = ahead.forecast.adam.advance(rows, staging=self.transfers.staging).params
-        values["keys"] = self.model.keys[rows]
+        values["keys"] = self.row_set.model.keys[rows]
         ahead.sent, ahead.values = rows, self.transfers.send(values)
 
     def current(self, rows: Tensor, names: Sequence[str] | None = None,
                 staging: Allocate = host_memory) -> dict[str, Tensor]:
         """``rows`` of groups ``names`` (None: all) as dense training has them now, in
         ``staging``'s tensors; the master arrays untouched."""
-        params = self.model.parameters()
+        params = self.row_set.model.parameters()
         like = {name: params[name] for name in (params if names is None else names)}
         return self.host_adam.advance(rows, self.pipeline.gradients_for(rows, like), names,
                                       staging).params
@@ -169,8 +171,8 @@ class OffloadedRows:
     def step(self, learning_rates: dict[str, float]) -> None:
         self._settle()
         update, self.pending = self.pending, None
-        groups = self.optimizer.next_step_groups()
-        self.host_adam.log_step(learning_rates, set(groups) if update is not None else set())
+        groups = set(GaussianModel.PARAMETERS) - self.row_set.take_edited()
+        self.host_adam.log_step(learning_rates, groups if update is not None else set())
         if self.ahead is not None:
             self.ahead.confirmed = self.host_adam.foresaw(self.ahead.forecast)
         if update is None:
@@ -186,8 +188,9 @@ class OffloadedRows:
         """A gradient of every row: the step updates every row (none is deferred, and
         none is known a step early)."""
         self.ahead = None
-        every = torch.arange(len(self.model))
+        every = torch.arange(len(self.row_set.model))
         extra, update = term(self.current(every)), self.pending
+        assert update is not None, "add_gradient follows gradients_taken"
         grads = {}
         for name, grad in update.grads.items():
             grads[name] = torch.zeros((len(every), *grad.shape[1:]), dtype=grad.dtype)
@@ -211,7 +214,8 @@ class OffloadedRows:
         on_device = self.transfers.upload(rows)
         for name in GEOMETRY:
             getattr(self.geometry, name).index_copy_(
-                0, on_device, self.transfers.upload(getattr(self.model, name).detach()[rows]))
+                0, on_device,
+                self.transfers.upload(getattr(self.row_set.model, name).detach()[rows]))
         self.geometry.updated_at[on_device] = self.host_adam.step_count
 
     def _settle(self) -> None:
@@ -230,12 +234,14 @@ class OffloadedRows:
         self._settle()
         self._refresh_geometry(self.host_adam.catch_up_all())
 
-    def rows_replaced(self) -> None:
-        """Every row is current (``bring_current`` came first); the step's gradients
-        belong to rows that are gone, so no group is stepped with them."""
-        self.host_adam.resized(len(self.model))
+    def rows_edited(self, replaced: bool) -> None:
+        """Every row is current (``bring_current`` came first). The device's geometry
+        is taken again; where rows were ``replaced``, the step's gradients belong to
+        rows that are gone, so no group is stepped with them."""
+        if replaced:
+            self.host_adam.resized(len(self.row_set))
+            self.pending = None
         self.geometry = self._device_geometry()
-        self.pending = None
 
     def state_dict(self) -> EngineState:
         return rows_state(self)
@@ -244,7 +250,7 @@ class OffloadedRows:
         self.ahead = self.expected = None
         self._settle()
         load_rows_state(self, state, home=torch.device("cpu"))
-        self.host_adam = DeferredAdam(self.optimizer, len(self.model))
+        self.host_adam = DeferredAdam(self.optimizer, self.row_set, len(self.row_set))
         self.geometry = self._device_geometry()
 
     def close(self) -> None:
@@ -254,9 +260,6 @@ class OffloadedRows:
 
     def memory_per_gaussian(self) -> dict[str, int]:
         """Persistent bytes per Gaussian: on the device, and in host memory."""
-        host = sum(t[0].nbytes for t in (*self.model.parameters().values(),
-                                          *self.optimizer.exp_avg.values(),
-                                          *self.optimizer.exp_avg_sq.values(),
-                                          self.model.keys, self.host_adam.updated_at,
-                                          self.stats.grad_sum, self.stats.count))
+        host = sum(t[0].nbytes for t in (*self.row_set.tensors().values(),
+                                          self.host_adam.updated_at))
         return {"device": self.geometry.nbytes_per_gaussian(), "host": host}

@@ -38,7 +38,8 @@ class UpdatePipeline:
         self.in_flight: tuple[Update, Future] | None = None
 
     def submit(self, update: Update, advance: Callable[[Tensor, dict], Advanced]) -> None:
-        """Compute ``advance(update)`` in the worker until ``settle``."""
+        """Compute ``advance(update)`` in the worker until ``settle``. Pre: forwarding."""
+        assert self.worker is not None, "submit is for a pipeline that forwards"
         self.in_flight = update, self.worker.submit(advance, update.rows, update.grads)
 
     def gradients_for(self, rows: Tensor, like: dict[str, Tensor]) -> dict[str, Tensor] | None:
