@@ -8,11 +8,12 @@ import signal
 import sys
 from pathlib import Path
 
-from splatscale import launch, native
+from splatscale import native
+from splatscale.launch import local_ranks
 from splatscale.errors import QUIET_EXIT, interrupt, run_reported
 from splatscale.messages import speaks
 from splatscale.threads import usable_cores
-from splatscale.train.config import MAX_COUNT, MAX_SEED
+from splatscale.limits import MAX_COUNT, MAX_SEED
 
 TRAIN_HELP = """Train a Gaussian-splatting model of a scene (a COLMAP folder, as
 `splatscale prepare` makes, or a transforms.json scene) into OUTPUT.
@@ -195,6 +196,10 @@ def _add_train_schedule(group) -> None:
     group.add_argument("--max-gaussians", type=_integer(1), default=None, metavar="N",
                        help="never train more Gaussians than N (3dgs: densify the largest "
                             "gradients first; default no limit)")
+    group.add_argument("--absgrad", action="store_true", default=None,
+                       help="3dgs: densify by the absolute view-space gradient, summed pixel "
+                            "by pixel (AbsGS: splits large Gaussians over fine detail), with "
+                            "its own threshold")
     group.add_argument("--random-init", choices=("auto", "cameras", "cube"), default=None,
                        help="for a scene without points, where 100,000 random points go: "
                             "cameras (where the cameras look: an object), cube (3 scene "
@@ -410,7 +415,7 @@ def _end_process(code: int) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    launch.as_launched_rank()
+    local_ranks.as_launched_rank()
     # Every library loads with the stop signals held (``native.stop_signals_held``
     # says why); a stop sent meanwhile is taken as they have loaded, quietly as any
     # stop during start-up.

@@ -7,7 +7,7 @@ import math
 import os
 from argparse import Namespace
 from contextlib import ExitStack
-from dataclasses import replace
+from dataclasses import fields, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, NamedTuple
@@ -25,14 +25,11 @@ from splatscale.data.cameras import Camera
 from splatscale.data.images import ImageStore
 from splatscale.data.video import even_size, write_mp4
 from splatscale.data.scene import Scene
-from splatscale.engine.distributed import distributed_engine, group, shard_of
+from splatscale.engine import Engine
 from splatscale.engine.distributed.cost_model import RowCost
-from splatscale.engine.distributed.placement import Placement, chosen_backend, rank_device
-from splatscale.engine.engine import ComposedEngine
-from splatscale.engine.local import local_engine
-from splatscale.engine.offload import offload_engine
-from splatscale.engine.offload.sharded import offloaded_shard_engine
-from splatscale import launch
+from splatscale.engine.factory import OffloadOptions, RankOptions, make_engine, shard_of
+from splatscale.launch import group, local_ranks
+from splatscale.launch.placement import Placement, chosen_backend, rank_device
 from splatscale.errors import SplatscaleError
 from splatscale.folder_lock import locked_folder
 from splatscale.messages import held, muted, notice
@@ -42,7 +39,8 @@ from splatscale.model.orientation import camera_axes, cameras_up, look_at_point,
 from splatscale.model.files import is_ply, read_model
 from splatscale.model.ply import read_extras, write_ply, write_splat
 from splatscale.model.spz import write_spz
-from splatscale.render import cuda_backend, render as render_view
+from splatscale.backends import cuda as cuda_backend
+from splatscale.render import render as render_view
 from splatscale.render.kernel_cache import kernels_cached
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
@@ -51,7 +49,7 @@ from splatscale.train.render_folder import RenderFolder, check_distinct, render_
 from splatscale.train.run_folder import RunFolder
 from splatscale.train.run_record import RunRecord, model_of, run_record
 from splatscale.train.summary import summary
-from splatscale.train.trainer import EngineFactory, RunOptions, Trainer
+from splatscale.train.trainer import RunOptions, Trainer
 from splatscale.train.watch import Bystander, Watcher
 
 if TYPE_CHECKING:  # viser loads only where the viewer is used
@@ -106,7 +104,7 @@ def _check_flags(args: Namespace) -> None:
             raise SplatscaleError(f"{flag}: only with --viewer")
 
 
-def _check_device(args: Namespace, ranks: group.Ranks | None) -> None:
+def _check_device(args: Namespace, ranks: group.Membership | None) -> None:
     """--device cuda: a GPU torch can see, gsplat's kernels built. With several ranks,
     a --comm that cannot work is refused here where it can be (for --nproc's ranks,
     which share this machine's GPUs; torchrun's agree on it as they join)."""
@@ -138,17 +136,20 @@ def _check_device(args: Namespace, ranks: group.Ranks | None) -> None:
 
 JOIN_TIMEOUT = 120.0  # seconds the ranks wait for each other to join, unless told
 
-# Flags that are settings of the run: on --resume the checkpoint's values hold.
-RUN_FLAGS = {"batch_size": "--batch-size", "seed": "--seed",
-             "white_background": "--white-background", "densify_until": "--densify-until",
-             "strategy": "--strategy", "max_gaussians": "--max-gaussians",
-             "random_init": "--random-init", "schedule_scale": "--schedule-scale"}
+
+def _run_flags(args: Namespace) -> dict[str, str]:
+    """The flags given or not that set one of the run's settings (a flag named as its
+    setting is): on --resume the checkpoint's values hold. By setting."""
+    return {f.name: "--" + f.name.replace("_", "-") for f in fields(TrainConfig)
+            if f.name != "iterations" and hasattr(args, f.name)}
+
+
 # Settings counted in images that, given, hold as given whatever --schedule-scale says.
 SCHEDULE_FLAGS = ("iterations", "densify_until")
 
 
 def _new_config(args: Namespace) -> TrainConfig:
-    given = {name: getattr(args, name) for name in ("iterations", *RUN_FLAGS)}
+    given = {name: getattr(args, name) for name in ("iterations", *_run_flags(args))}
     given = {name: value for name, value in given.items() if value is not None}
     config = TrainConfig(**{name: value for name, value in given.items()
                             if name not in SCHEDULE_FLAGS + ("schedule_scale",)})
@@ -160,7 +161,7 @@ def _new_config(args: Namespace) -> TrainConfig:
 def _resumed_config(args: Namespace, saved: dict, checkpoint: Path) -> TrainConfig:
     """The checkpoint's settings; a new --iterations extends (or shortens) the run."""
     config = TrainConfig.from_dict(saved["config"], f"{checkpoint}: config")
-    for name, flag in RUN_FLAGS.items():
+    for name, flag in _run_flags(args).items():
         value = getattr(args, name)
         if value is not None and value != getattr(config, name):
             notice(f"{_flag_text(flag, value)} ignored: the resumed run keeps "
@@ -255,7 +256,7 @@ def _check_flags_act(args: Namespace, config: TrainConfig, scene: Scene,
                               f"{end:,}); the test views are tested at the end anyway")
 
 
-class Inputs(NamedTuple):
+class TrainInputs(NamedTuple):
     """What a training run reads, each part checked."""
 
     folder: RunFolder
@@ -281,7 +282,7 @@ def train(args: Namespace) -> int | None:
     if args.nproc > 1 and ranks is None:
         return _launch(args)
     _share_cores(args, ranks)
-    _train(args, ranks, holds_lock=launch.launched())
+    _train(args, ranks, holds_lock=local_ranks.launched())
     return None
 
 
@@ -292,10 +293,10 @@ def _launch(args: Namespace) -> int:
             if args.viewer:
                 from splatscale.viewer.server import check_port
                 check_port(args.host, args.port)
-        return launch.spawn(args.argv, args.nproc)
+        return local_ranks.spawn(args.argv, args.nproc)
 
 
-def _checked_inputs(args: Namespace, ranks: group.Ranks | None = None) -> Inputs:
+def _checked_inputs(args: Namespace, ranks: group.Membership | None = None) -> TrainInputs:
     folder = RunFolder(args.output)
     folder.check(args.resume, args.overwrite)
     saved = load_trainer_state(folder.checkpoint) if args.resume else None
@@ -313,16 +314,16 @@ def _checked_inputs(args: Namespace, ranks: group.Ranks | None = None) -> Inputs
         _tell_held_out(scene)
     _check_flags_act(args, config, scene, images_seen)
     local = (ranks.local_rank, ranks.local_world) if ranks else (0, 1)
-    return Inputs(folder, config, scene, _store(args, scene, config.white_background, local))
+    return TrainInputs(folder, config, scene, _store(args, scene, config.white_background, local))
 
 
-def _share_cores(args: Namespace, ranks: group.Ranks | None) -> None:
+def _share_cores(args: Namespace, ranks: group.Membership | None) -> None:
     """Ranks on one machine split its cores, unless --threads says otherwise."""
     if ranks is not None and args.threads is None:
         use_threads(group.threads_per_rank(ranks.local_world))
 
 
-def _train(args: Namespace, ranks: group.Ranks | None, holds_lock: bool = False) -> None:
+def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = False) -> None:
     """Check everything (every rank, then agree), then write and train."""
     writes = ranks is None or ranks.rank == 0
     with ExitStack() as resources:
@@ -335,7 +336,7 @@ def _train(args: Namespace, ranks: group.Ranks | None, holds_lock: bool = False)
             where = group.join(ranks, _join_timeout(args), device, args.comm)
 
         def prepare() -> tuple[Trainer, dict, Watcher | None]:
-            if where is not None and where.device != "cpu":
+            if ranks is not None and where is not None and where.device != "cpu":
                 notice(where.describe(ranks.world))
             if writes and not holds_lock:
                 resources.enter_context(RunFolder(args.output).lock())
@@ -358,7 +359,7 @@ def _train(args: Namespace, ranks: group.Ranks | None, holds_lock: bool = False)
         print(json.dumps(report))
 
 
-def _prepared(args: Namespace, ranks: group.Ranks | None, where: Placement | None,
+def _prepared(args: Namespace, ranks: group.Membership | None, where: Placement | None,
               writes: bool) -> tuple[Trainer, dict]:
     """The Trainer, its images decoded and (with --resume) its checkpoint loaded, and
     the run's config.json; nothing written to the output folder."""
@@ -366,10 +367,8 @@ def _prepared(args: Namespace, ranks: group.Ranks | None, where: Placement | Non
     options = RunOptions(args.output, args.eval, args.eval_every, list(args.save_at),
                          args.checkpoint_every, progress=writes and not args.quiet,
                          writes=writes)
-    make_engine = (_single_engine(args) if ranks is None
-                   else partial(_distributed_engine, ranks, where, args))
     trainer = Trainer(inputs.scene, inputs.store, inputs.config, options,
-                      make_engine=make_engine)
+                      make_engine=partial(_engine, args, ranks, where))
     if args.resume:
         trainer.resume(inputs.folder.checkpoint)
     demo = args.data is None  # its images are made again where they are wanted
@@ -412,25 +411,18 @@ def _fixed_cost(args: Namespace) -> RowCost | None:
                    args.intersection_cost or default.intersection)
 
 
-def _single_engine(args: Namespace) -> EngineFactory:
-    if args.offload:
-        return partial(offload_engine, device=args.device, forwarding=args.forwarding,
-                       lookahead=args.lookahead)
-    return partial(local_engine, device=args.device)
-
-
-def _distributed_engine(ranks: group.Ranks, where: Placement, args: Namespace,
-                        model: GaussianModel, batch_size: int, background: torch.Tensor,
-                        ssim_weight: float) -> ComposedEngine:
-    """This rank's engine over its shard, on its device, which it offloads with
-    --offload."""
-    shard = shard_of(model, ranks.rank, ranks.world)
-    if args.offload:
-        return offloaded_shard_engine(shard, batch_size, background, ssim_weight, _balance(args),
-                                      _fixed_cost(args), device=where.device,
-                                      forwarding=args.forwarding, lookahead=args.lookahead)
-    return distributed_engine(shard, batch_size, background, ssim_weight, _balance(args),
-                              _fixed_cost(args), device=where.device)
+def _engine(args: Namespace, ranks: group.Membership | None, where: Placement | None,
+            model: GaussianModel, batch_size: int, background: torch.Tensor,
+            ssim_weight: float) -> Engine:
+    """This process' engine: over ``model``, or with several ranks over this rank's
+    shard of it, on its device, in host memory with --offload."""
+    offload = OffloadOptions(args.forwarding, args.lookahead) if args.offload else None
+    if ranks is None:
+        return make_engine(model, batch_size, background, ssim_weight, args.device, offload)
+    assert where is not None  # ranks are always placed
+    return make_engine(shard_of(model, ranks.rank, ranks.world), batch_size, background,
+                       ssim_weight, where.device, offload,
+                       RankOptions(_balance(args), _fixed_cost(args)))
 
 
 def _read_as_run(args: Namespace, record: RunRecord | None) -> None:
@@ -461,6 +453,8 @@ def _split_ids(scene: Scene, split: str, record: RunRecord | None) -> list[int]:
     train_ids, test_ids = scene.split(record.eval if record else True)
     ids = {"train": train_ids, "test": test_ids, "all": sorted(train_ids + test_ids)}[split]
     if not ids:
+        # Only a run trained on every view has no test views: every 8th is one otherwise.
+        assert record is not None, "a scene of views has test views"
         raise SplatscaleError(f"--split {split}: {record.path.parent} trained on every view "
                               "(without --eval), so it has no test views; --split train "
                               "scores the views it trained on")

@@ -258,7 +258,7 @@ def test_cuda_without_a_gpu_says_so(output, capsys, ranks):
 ])
 def test_cuda_without_gsplat_or_its_compiler_says_what_to_install(output, capsys, monkeypatch,
                                                                    missing, fragment):
-    from splatscale.render import cuda_backend
+    from splatscale.backends import cuda as cuda_backend
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for name, module in missing.items():
         if module is not None:

@@ -10,8 +10,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from splatscale.engine.distributed import collectives, group
-from splatscale.engine.distributed.placement import Placement, PlacementError, chosen_backend
+from splatscale.engine.distributed import collectives
+from splatscale.launch import group
+from splatscale.launch.placement import Placement, PlacementError, chosen_backend
 from splatscale.errors import lost_peer
 from tests.conftest import HANG_GUARD
 from tests.test_distributed import join
@@ -46,7 +47,7 @@ def joining_rank(rank: int, world: int, port: int, identities: list[str], comm,
                  out_file: str) -> None:
     """Join as the CLI does, on a GPU whose identity is ``identities[rank]``."""
     group.gpu_identity = lambda device: identities[rank]
-    ranks = group.Ranks(rank, world, rank, world, "127.0.0.1", port)
+    ranks = group.Membership(rank, world, rank, world, "127.0.0.1", port)
     try:
         outcome = group.join(ranks, HANG_GUARD, "cuda:0", comm)
     except PlacementError as error:

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 import splatscale
-from splatscale import launch
+from splatscale.launch import local_ranks
 from splatscale.folder_lock import LOCK_NAME
 from splatscale.model.ply import write_ply
 from splatscale.native import TAKE_SIGNALS_OVER, load_keeping_stop_signals
@@ -202,8 +202,8 @@ def test_a_launch_whose_ranks_all_finished_has_finished():
     """A stop that reaches the launcher as its ranks end changes nothing where every
     one had finished (a rank lets a stop pass once its command has ended): status 0,
     and no line; where one stopped, that rank said so, and the launch is a stop."""
-    assert launch._outcome([(1, 0), (0, 0)], 2, signalled=True) == 0
-    assert launch._outcome([(1, 0), (0, 130)], 2, signalled=True) == 130
+    assert local_ranks._outcome([(1, 0), (0, 0)], 2, signalled=True) == 0
+    assert local_ranks._outcome([(1, 0), (0, 130)], 2, signalled=True) == 130
 
 
 @pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.name)

@@ -11,6 +11,7 @@ each reads the rows of its even share from whichever shards hold them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 import random
 import re
 from pathlib import Path
@@ -32,7 +33,7 @@ KEYS = {"trainer": ("images_seen", "steps", "sh_degree", "train_seconds", "order
         "rng": ("torch", "numpy", "python")}
 
 
-def _save(state: dict, path: Path) -> None:
+def _save(state: Mapping[str, object], path: Path) -> None:
     with atomic_path(path) as tmp, open(tmp, "wb") as handle:
         try:
             torch.save(state, handle)
@@ -47,13 +48,17 @@ def save_checkpoint(path: Path, trainer_state: dict, engine_state: EngineState,
                     shard: tuple[int, int] = (0, 1), writes: bool = True) -> None:
     """Save; called by every rank, ``shard`` = (rank, world) of ``engine_state``'s part."""
     rank, world = shard
+    # One rank's state is written beside the checkpoint, which holds their manifest.
+    saved: Mapping[str, object] = engine_state
+    manifest: dict = {}
     if world > 1:
-        engine_state = _save_shard(path, engine_state, rank, world, trainer_state["images_seen"])
+        saved = manifest = _save_shard(path, engine_state, rank, world,
+                                       trainer_state["images_seen"])
     if writes:
-        _save({"format": FORMAT, "trainer": trainer_state, "engine": engine_state,
+        _save({"format": FORMAT, "trainer": trainer_state, "engine": saved,
                "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
                        "python": random.getstate()}}, path)
-        kept = set(engine_state.get("shards", []))
+        kept = set(manifest.get("shards", []))
         for stale in path.parent.iterdir():
             if stale.name not in kept and is_shard_of(path, stale.name):
                 stale.unlink(missing_ok=True)

@@ -20,7 +20,7 @@ from splatscale.atomic import write_json
 from splatscale.data.images import ImageStore
 from splatscale.data.scene import Scene
 from splatscale.engine import Engine, TrainView
-from splatscale.engine.local import local_engine
+from splatscale.engine.factory import make_engine as one_process_engine
 from splatscale.errors import DataError, Interrupted, TrainingDiverged
 from splatscale.messages import notice
 from splatscale.threads import threading_layer
@@ -30,14 +30,15 @@ from splatscale.model.init import (plain_background, random_points_in_cube,
                                    random_points_in_view)
 from splatscale.model.orientation import cameras_up
 from splatscale.model.ply import write_ply_parts
+from splatscale.step.optimizer import batch_hyperparameters
+from splatscale.strategy import Strategy, make_strategy
 from splatscale.train import metrics
 from splatscale.train.checkpoint import load_checkpoint, save_checkpoint
 from splatscale.train.config import TrainConfig
 from splatscale.train.progress import ProgressBar
 from splatscale.train.render_folder import (RenderFolder, check_distinct, photo_name,
                                             render_names)
-from splatscale.train.schedule import crosses, position_lr
-from splatscale.train.strategy import Strategy, make_strategy
+from splatscale.step.schedule import crosses, position_lr
 from splatscale.train.watch import Watcher
 
 RANDOM_INIT_POINTS = 100_000
@@ -83,7 +84,8 @@ def initial_model(scene: Scene, store: ImageStore, train_ids: list[int], config:
     if len(points) == 0:
         draw = RANDOM_INIT[random_init_rule(store, train_ids, config)]
         points, colors = draw([scene.views[i].camera for i in train_ids],
-                              min(RANDOM_INIT_POINTS, budget or math.inf), config.seed)
+                              min(RANDOM_INIT_POINTS, budget or RANDOM_INIT_POINTS),
+                              config.seed)
     elif config.max_gaussians is not None and len(points) > config.max_gaussians:
         raise DataError(f"--max-gaussians {config.max_gaussians}: {scene.source} starts "
                         f"from {len(points)} SfM points, more than that")
@@ -94,9 +96,10 @@ def initial_model(scene: Scene, store: ImageStore, train_ids: list[int], config:
 class Trainer:
     def __init__(self, scene: Scene, store: ImageStore, config: TrainConfig,
                  options: RunOptions, engine: Engine | None = None,
-                 make_engine: EngineFactory = local_engine) -> None:
+                 make_engine: EngineFactory = one_process_engine) -> None:
         """``engine``, if given, is used as it is; otherwise ``make_engine(initial model,
-        batch size, background, SSIM weight)`` makes one (``local_engine`` by default)."""
+        batch size, background, SSIM weight)`` makes one (by default ``make_engine``'s
+        engine on the CPU)."""
         self.scene, self.store, self.config, self.options = scene, store, config, options
         self.train_ids, self.test_ids = options.split or scene.split(options.eval_split)
         if not self.train_ids:
@@ -130,7 +133,7 @@ class Trainer:
     # -- schedule -------------------------------------------------------------------
 
     def _next_batch(self) -> list[int]:
-        batch = []
+        batch: list[int] = []
         while len(batch) < self.config.batch_size:
             if not self.queue:
                 perm = torch.randperm(len(self.train_ids), generator=self.order).tolist()
@@ -161,14 +164,15 @@ class Trainer:
         if len(self.queue) >= c.batch_size and not strategy.edits_every_step:
             engine.expect([self.store.camera(i) for i in reversed(self.queue[-c.batch_size:])],
                           self.learning_rates(before + 1))
-        result = engine.forward_backward(batch, strategy.tracks_stats(after),
+        result = engine.forward_backward(batch, strategy if strategy.observes(after) else None,
                                          strategy.regularisers)
         if not math.isfinite(result.loss):
             self._diverged(f"the loss of images {before + 1}..{after} is {result.loss}")
         changes = strategy.before_adam(engine, before, after)
         engine.optimizer_step(self.learning_rates(before + 1))
         # The means' rate of the next step, as Adam takes it (the batch-size rule).
-        means_lr = self.learning_rates(after + 1)["means"] * math.sqrt(c.batch_size)
+        means_lr = batch_hyperparameters(self.learning_rates(after + 1)["means"],
+                                         c.batch_size).lr
         changes.update(strategy.after_adam(engine, before, after, means_lr))
         self.images_seen, self.steps = after, self.steps + 1
         return {"step": self.steps, "images": after, "loss": result.loss, "psnr": result.psnr,
