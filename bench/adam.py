@@ -23,6 +23,7 @@ import torch
 from splatscale.engine.offload.host_adam import DeferredAdam
 from splatscale.model import GaussianModel
 from splatscale.step.optimizer import GaussianAdam
+from splatscale.step.row_set import RowSet
 
 from report import emit
 
@@ -60,25 +61,29 @@ def main() -> None:
     parser.add_argument("--gaussians", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
-    model = random_model(args.gaussians)
-    params = model.parameters()
+    rows = RowSet(random_model(args.gaussians))
+    params = rows.params
     per_gaussian = sum(t[0].numel() for t in params.values())
     adam = GaussianAdam(params)
-    for tensor in params.values():
-        tensor.grad = torch.randn_like(tensor)
-    dense = best_seconds(lambda: adam.step(RATES), args.repeats)
+    gradients = {n: torch.randn_like(t) for n, t in params.items()}
 
-    deferred = DeferredAdam(adam, args.gaussians)
+    def dense_step() -> None:
+        for name, tensor in params.items():  # the step clears them
+            tensor.grad = gradients[name]
+        adam.step(rows, RATES)
+    dense = best_seconds(dense_step, args.repeats)
+
+    deferred = DeferredAdam(adam, rows, args.gaussians)
     for _ in range(15):
         deferred.log_step(RATES, set(RATES))
-    rows = torch.randperm(args.gaussians)[: int(0.4 * args.gaussians)].sort().values
-    grads = {n: torch.randn(len(rows), *t.shape[1:]) for n, t in params.items()}
+    seen = torch.randperm(args.gaussians)[: int(0.4 * args.gaussians)].sort().values
+    grads = {n: torch.randn(len(seen), *t.shape[1:]) for n, t in params.items()}
     rates = {}
     for skipped in (1, 15):
         deferred.updated_at.fill_(deferred.step_count - skipped)
-        seconds = best_seconds(lambda: deferred.advance(rows, grads), args.repeats)
+        seconds = best_seconds(lambda: deferred.advance(seen, grads), args.repeats)
         rates[f"replay_{skipped}_parameter_steps_per_second"] = (
-            len(rows) * per_gaussian * skipped / seconds)
+            len(seen) * per_gaussian * skipped / seconds)
     measured = bandwidth(args.repeats)
     emit({
         "gaussians": args.gaussians, "threads": numba.get_num_threads(),

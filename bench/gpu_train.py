@@ -1,7 +1,7 @@
 """Training on a GPU: images per second and peak GPU memory; prints one JSON line.
 
-For ``local_engine`` and ``offload_engine`` (forwarding and lookahead on, their
-defaults on a GPU), each run alone after a warm-up:
+For ``make_engine``'s engine on the device and with ``offload`` (forwarding and
+lookahead on, their defaults on a GPU), each run alone after a warm-up:
 
 - snowmiku (SfM points, its images), the Trainer's own steps at B = 1 and 4;
 - ``--gaussians`` (1M) garden Gaussians seen by the three garden cameras in
@@ -43,8 +43,8 @@ import torch
 from splatscale.data import load_scene
 from splatscale.data.images import ImageStore
 from splatscale.engine import TrainView
-from splatscale.engine.local import local_engine
-from splatscale.engine.offload import offload_engine
+from splatscale.engine.factory import OffloadOptions, make_engine
+from splatscale.strategy.default import GradientNorms
 
 from memory import rates
 from report import emit
@@ -64,16 +64,16 @@ def measured(device: str, timed_run) -> dict:
     return result
 
 
-def garden_run(make_engine, gaussians: int, steps: int) -> dict:
+def garden_run(engine_factory, gaussians: int, steps: int) -> dict:
     """Engine steps over the garden cameras in turn, each step told the next one, as
     the Trainer tells it."""
     model, cameras = garden_scene(gaussians)
     views = [TrainView(c, torch.full((c.height, c.width, 3), 0.5)) for c in cameras]
-    engine = make_engine(model, 1, torch.zeros(3))
+    engine = engine_factory(model, 1, torch.zeros(3))
 
     def step(index: int) -> dict:
         engine.expect([views[(index + 1) % len(views)].camera], rates())
-        result = engine.forward_backward([views[index % len(views)]], track_stats=True)
+        result = engine.forward_backward([views[index % len(views)]], GradientNorms())
         engine.optimizer_step(rates())
         return result.diagnostics
 
@@ -134,8 +134,8 @@ def main() -> None:
     parser.add_argument("--garden-steps", type=int, default=50)
     parser.add_argument("--ranks-images", type=int, default=400)
     args = parser.parse_args()
-    engines = {"local": partial(local_engine, device=args.device),
-               "offload": partial(offload_engine, device=args.device)}
+    engines = {"local": partial(make_engine, device=args.device),
+               "offload": partial(make_engine, device=args.device, offload=OffloadOptions())}
     scene = load_scene(DATA / "snowmiku")
     store = ImageStore(scene, background=scene.background)
     out = {"device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu"}
@@ -148,7 +148,8 @@ def main() -> None:
         out[f"garden_{name}"]["gaussians"] = args.gaussians
     flipped = args.device == "cpu"  # lookahead's default flipped, to weigh it
     out[f"garden_offload_{'with' if flipped else 'without'}_lookahead"] = measured(
-        args.device, partial(garden_run, partial(engines["offload"], lookahead=flipped),
+        args.device, partial(garden_run, partial(make_engine, device=args.device,
+                                                 offload=OffloadOptions(lookahead=flipped)),
                              args.gaussians, args.garden_steps))
     alone, ranks = (ranks_run(args.device, nproc, args.ranks_images) for nproc in (1, 2))
     out["snowmiku_train_one_process"], out["snowmiku_train_2_ranks"] = alone, ranks

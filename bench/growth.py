@@ -72,18 +72,19 @@ def step_point(gaussians: int, megapixels: float, steps: int) -> dict:
     import torch
 
     from splatscale.engine import TrainView
-    from splatscale.engine.local import local_engine
+    from splatscale.engine.factory import make_engine
+    from splatscale.strategy.default import GradientNorms
     from memory import rates
     from scenes import garden_scene
 
     model, cameras = garden_scene(gaussians)
     camera = scaled(cameras[0], megapixels)
     views = [TrainView(camera, torch.zeros(camera.height, camera.width, 3))]
-    engine = local_engine(model, 1, torch.zeros(3))
+    engine = make_engine(model, 1, torch.zeros(3))
     del model
 
     def step() -> None:
-        engine.forward_backward(views, track_stats=True)
+        engine.forward_backward(views, GradientNorms())
         engine.optimizer_step(rates())
     step()  # warm-up: kernels loaded, buffers sized
     reset_peak()

@@ -36,10 +36,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from splatscale.engine import TrainView
-from splatscale.engine.local import local_engine
-from splatscale.engine.offload import offload_engine
+from splatscale.engine.factory import OffloadOptions, make_engine
+from splatscale.engine.rows import WorkingSet
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.projection import visibility
+from splatscale.strategy.default import GradientNorms
 
 from report import emit
 from scenes import garden_scene, snowmiku_init, tiled_garden
@@ -62,26 +63,40 @@ def allocated_peak(step) -> int:
     return max([0, *totals])
 
 
+class Taken:
+    """Rows whose working set is ``working`` as it is (the compute part's render,
+    loss and backward pass over it, alone)."""
+
+    def __init__(self, working: WorkingSet) -> None:
+        self.working = working
+
+    def working_set(self, cameras) -> WorkingSet:
+        return self.working
+
+    def gradients_taken(self, working: WorkingSet) -> None:
+        """The gradients stay on the working set's tensors."""
+
+
 def local_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, float]:
-    engine = local_engine(model.detach(), len(views), torch.zeros(3))
-    engine.forward_backward(views, track_stats=True)
+    engine = make_engine(model.detach(), len(views), torch.zeros(3))
+    engine.forward_backward(views, GradientNorms())
     engine.optimizer_step(rates())
-    params = engine.model.parameters().values()
-    kept = sum(t.nbytes for t in (*params, *engine.optimizer.exp_avg.values(),
-                                  *engine.optimizer.exp_avg_sq.values(), engine.model.keys,
-                                  engine.stats.grad_sum, engine.stats.count))
-    gradients = sum(t.nbytes for t in params)  # allocated by the step, counted in its peak
+    # The parameters, keys, both Adam moments and the densification statistics.
+    kept = sum(t.nbytes for t in engine.row_set.tensors().values())
+    # Allocated by the step, counted in its peak.
+    gradients = sum(t.nbytes for t in engine.model.parameters().values())
 
     def step() -> None:
-        engine.forward_backward(views, track_stats=True)
+        engine.forward_backward(views, GradientNorms())
         engine.optimizer_step(rates())
     return {"device_bytes_per_gaussian": (kept + gradients) / len(model),
             "peak_bytes": kept + allocated_peak(step)}
 
 
 def offload_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, float]:
-    engine = offload_engine(model.detach(), len(views), torch.zeros(3), forwarding=False)
-    engine.forward_backward(views, track_stats=True)
+    engine = make_engine(model.detach(), len(views), torch.zeros(3),
+                         offload=OffloadOptions(forwarding=False))
+    engine.forward_backward(views, GradientNorms())
     engine.optimizer_step(rates())
     cameras = [view.camera for view in views]
     # The step's device part, piece by piece (the engine's own calls).
@@ -89,8 +104,8 @@ def offload_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, fl
     candidates = engine.rows.candidates(cameras)
     tested = GaussianModel(**engine.rows.current(candidates), sh_degree=0)
     test_peak = allocated_peak(lambda: visibility(tested, cameras))
-    render_peak = allocated_peak(lambda: engine.compute.loss_backward(working.model, views,
-                                                               working.seen))
+    render_peak = allocated_peak(lambda: engine.compute.forward_backward(Taken(working), views,
+                                                                         None))
     row_bytes = sum(t[0].nbytes for t in working.model.parameters().values()) + 8  # and key
     sent, kept = len(candidates) * row_bytes, len(working.rows) * row_bytes
     # Every candidate's values arrive while the exact test runs, the visible rows are

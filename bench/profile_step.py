@@ -1,6 +1,6 @@
 """Where one CPU training step's time goes, by stage; prints one JSON line.
 
-A step of ``local_engine`` at B = 1 (the Trainer's step, taken apart with the
+A step of ``make_engine``'s engine at B = 1 (the Trainer's step, taken apart with the
 same calls), timed stage by stage, median of ``--steps`` steps after a
 warm-up, for snowmiku's SfM points jittered up to each model size in
 ``--sizes`` (or a trained model, ``--model``), at full and half resolution:
@@ -8,7 +8,7 @@ warm-up, for snowmiku's SfM points jittered up to each model size in
 image (fetch and convert the target), projection (forward), binning,
 compositing (forward), loss (forward), loss backward, compositing backward,
 projection backward, statistics (densification's view-space gradient norms),
-adam, and ``step`` (the whole step as ``local_engine`` runs it, separately);
+adam, and ``step`` (the whole step as the engine runs it, separately);
 ``overhead`` is ``step`` minus the stages' sum (can be below zero: the stages
 are timed one by one, with synchronisation points the step does not have).
 """
@@ -28,15 +28,16 @@ from scipy.spatial import cKDTree
 from splatscale.data.colmap import read_colmap
 from splatscale.data.images import ImageStore
 from splatscale.engine import TrainView
-from splatscale.engine.engine import ComposedEngine
-from splatscale.engine.local import local_engine
-from splatscale.engine.one_process import track
+from splatscale.engine.composed import ComposedEngine
+from splatscale.engine.factory import make_engine
 from splatscale.model import init_from_points
 from splatscale.model.ply import read_ply
 from splatscale.render import project
 from splatscale.render.binning import bin_tiles
 from splatscale.render.rasterize import composite
 from splatscale.step.loss import photometric_loss
+from splatscale.strategy.base import Seen, SeenView
+from splatscale.strategy.default import GradientNorms
 
 from report import emit
 from scenes import DATA
@@ -92,20 +93,21 @@ def staged_step(engine: ComposedEngine, store: ImageStore, index: int, stages: S
     used = [(t, g) for t, g in zip(inputs, grads) if g is not None]
     stages.run("projection_backward",
                lambda: torch.autograd.backward([t for t, _ in used], [g for _, g in used]))
-    batch = [TrainView(camera, target)]
-    stages.run("statistics", lambda: track(engine.stats, splats, batch, splats.gaussian_ids))
+    seen = Seen([SeenView(splats.gaussian_ids, splats.means2d.grad, None, camera.width,
+                          camera.height)])
+    stages.run("statistics", lambda: GradientNorms().observe(engine.row_set, seen))
     stages.run("adam", lambda: engine.optimizer_step(RATES))
 
 
 def profile(store: ImageStore, model, steps: int) -> dict:
-    engine = local_engine(model.detach(), 1, torch.zeros(3))
+    engine = make_engine(model.detach(), 1, torch.zeros(3))
     stages = Stages()
     views = list(range(len(store)))
     for step in range(steps + 2):  # two warm-up steps
         staged_step(engine, store, views[step % len(views)], stages)
         index = views[(step + 1) % len(views)]
         batch = [TrainView(store.camera(index), store.as_float(index))]
-        stages.run("step", lambda: (engine.forward_backward(batch, track_stats=True),
+        stages.run("step", lambda: (engine.forward_backward(batch, GradientNorms()),
                                     engine.optimizer_step(RATES)))
     medians = {name: statistics.median(t[2:]) for name, t in stages.times.items()}
     medians["overhead"] = medians["step"] - sum(v for n, v in medians.items() if n != "step")

@@ -25,7 +25,7 @@ from splatscale.data import load_scene
 from splatscale.data.images import ImageStore
 from splatscale.demo import demo_scene
 from splatscale.train.config import TrainConfig
-from splatscale.train.schedule import crosses
+from splatscale.step.schedule import crosses
 from splatscale.train.trainer import RunOptions, Trainer
 
 from report import emit
@@ -101,6 +101,9 @@ def main() -> None:
                         help="train on every 4th view, test on the rest")
     parser.add_argument("--strategy", choices=("3dgs", "mcmc"), default="3dgs")
     parser.add_argument("--max-gaussians", type=int, default=None)
+    parser.add_argument("--absgrad", action="store_true", help="3dgs with AbsGS's statistic")
+    parser.add_argument("--schedule-scale", type=float, default=1.0,
+                        help="every schedule this many times as long (train's flag)")
     parser.add_argument("--resolution", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--random-init", choices=("auto", "cameras", "cube"), default=None,
@@ -113,9 +116,10 @@ def main() -> None:
         scene = dataclasses.replace(scene, points=np.zeros((0, 3)),
                                     colors=np.zeros((0, 3), np.uint8))
     store = ImageStore(scene, resolution=args.resolution, background=scene.background)
-    config = TrainConfig(iterations=args.images, seed=args.seed, strategy=args.strategy,
-                         max_gaussians=args.max_gaussians,
-                         random_init=args.random_init or "auto")
+    config = TrainConfig(seed=args.seed, strategy=args.strategy,
+                         max_gaussians=args.max_gaussians, absgrad=args.absgrad,
+                         random_init=args.random_init or "auto").scaled(args.schedule_scale)
+    config = dataclasses.replace(config, iterations=args.images)
     variant = "sparse" if args.sparse else "every8"
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(scene, store, config,
@@ -125,7 +129,10 @@ def main() -> None:
     name = Path(args.scene).name
     cap = f", at most {args.max_gaussians}" if args.max_gaussians else ""
     cap += f", random init: {args.random_init}" if args.random_init else ""
+    cap += ", absgrad" if args.absgrad else ""
+    cap += f", schedule x{args.schedule_scale:g}" if args.schedule_scale != 1 else ""
     result = {"scene": args.scene, "variant": variant, "strategy": args.strategy,
+              "absgrad": args.absgrad, "schedule_scale": args.schedule_scale,
               "random_init": args.random_init,
               "max_gaussians": args.max_gaussians, "resolution": args.resolution,
               "train_views": len(trainer.train_ids), "test_views": len(trainer.test_ids),
@@ -134,7 +141,8 @@ def main() -> None:
               "curve": points, "changes": changes,
               "title": f"{name}, {variant} ({len(trainer.train_ids)} train / "
                        f"{len(trainer.test_ids)} test views), {args.strategy}{cap}"}
-    path = args.plot or Path(f"quality-{name}-{variant}-{args.strategy}.png")
+    strategy = args.strategy + ("-absgrad" if args.absgrad else "")
+    path = args.plot or Path(f"quality-{name}-{variant}-{strategy}.png")
     plot(result, path)
     result["plot"] = str(path)
     emit(result)

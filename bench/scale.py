@@ -37,15 +37,15 @@ import torch.multiprocessing as mp
 
 from splatscale.data.cameras import Camera
 from splatscale.engine import TrainView
-from splatscale.engine.distributed import distributed_engine, shard_of
+from splatscale.engine.composed import ComposedEngine
 from splatscale.engine.distributed.cost_model import FittedRowCost, RowCost
 from splatscale.engine.distributed.exchange import FLOAT_COLUMNS, rendered_workload, route
 from splatscale.engine.distributed.partition import partition, tile_row_work
-from splatscale.engine.engine import ComposedEngine
-from splatscale.engine.local import local_engine
+from splatscale.engine.factory import RankOptions, make_engine, shard_of
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project
 from splatscale.render.compositing_kernels import GRAD_WIDTH
+from splatscale.strategy import default
 
 from report import emit
 from scenes import garden_scene, moved_views, snowmiku_init
@@ -63,10 +63,11 @@ PIXEL_BYTES = FLOAT_BYTES * 2 * 5 + 4
 
 def state_bytes(engine: ComposedEngine) -> int:
     """Bytes of what a rank keeps between steps (gradients counted: backward makes them)."""
-    params = list(engine.model.parameters().values())
-    adam = engine.optimizer
-    tensors = [*params, *params, *adam.exp_avg.values(), *adam.exp_avg_sq.values(),
-               engine.model.keys, *vars(engine.stats).values()]
+    rows = engine.row_set
+    for name in (default.GRAD_SUM, default.COUNT):  # 3DGS's statistics, there once observed
+        rows.state_zeros(name)
+    # The gradients, then the parameters, keys, Adam moments and statistics.
+    tensors = [*rows.params.values(), *rows.tensors().values()]
     return sum(t.nbytes for t in tensors)
 
 
@@ -110,7 +111,7 @@ def predict_step(shards: list[GaussianModel], cameras: list[Camera], cut_cost: R
 
 def bytes_per_gaussian(model: GaussianModel) -> float:
     sample = shard_of(model, 0, max(1, len(model) // 1000))
-    return state_bytes(local_engine(sample, 1, torch.zeros(3))) / len(sample)
+    return state_bytes(make_engine(sample, 1, torch.zeros(3))) / len(sample)
 
 
 def imbalance(costs: list[float]) -> float:
@@ -144,14 +145,13 @@ def measured_rank(rank: int, world: int, init_file: str, steps: int, out_file: s
     torch.set_num_threads(1)
     numba.set_num_threads(1)
     store, model = snowmiku_init()
-    engine = distributed_engine(shard_of(model, rank, world), world, torch.zeros(3),
-                               fixed_cost=RowCost())
+    engine = make_engine(shard_of(model, rank, world), world, torch.zeros(3),
+                         ranks=RankOptions(fixed_cost=RowCost()))
     records = []
     for ids in batches(len(store), world, steps + 1):
         cameras = [store.camera(i) for i in ids]
         bands = engine.forward_backward([TrainView(c, store.as_float(i))
-                                         for c, i in zip(cameras, ids)],
-                                        track_stats=False).diagnostics["bands"]
+                                         for c, i in zip(cameras, ids)]).diagnostics["bands"]
         with torch.no_grad():
             counts = route(project(engine.model, cameras), bands, cameras)[1]
         rows = torch.zeros(world, world, dtype=torch.float64)

@@ -2,7 +2,7 @@
 
 snowmiku (SfM points, 3DGS initialisation, its images), the Trainer's own
 steps (default settings: no densification before image 500), for B = 1 and
-4: images per second of local_engine, and of offload_engine with forwarding on
+4: images per second of the engine on one device, and offloaded with forwarding on
 and off, each run after the others on an otherwise idle machine; for the
 offload runs, the mean bytes moved host -> device and device -> host per step
 and the fractions of the Gaussians culled as candidates and found visible.
@@ -19,25 +19,25 @@ from pathlib import Path
 
 from splatscale.data import load_scene
 from splatscale.data.images import ImageStore
-from splatscale.engine.local import local_engine
-from splatscale.engine.offload import offload_engine
+from splatscale.engine.factory import OffloadOptions, make_engine
 from splatscale.train.config import TrainConfig
 from splatscale.train.trainer import RunOptions, Trainer
 
 from report import emit
 from scenes import DATA
 
-ENGINES = {"local": local_engine,
-           "offload_forwarding": partial(offload_engine, forwarding=True),
-           "offload_no_forwarding": partial(offload_engine, forwarding=False)}
+ENGINES = {"local": make_engine,
+           "offload_forwarding": partial(make_engine, offload=OffloadOptions(forwarding=True)),
+           "offload_no_forwarding": partial(make_engine,
+                                            offload=OffloadOptions(forwarding=False))}
 
 
-def run(scene, store: ImageStore, make_engine, batch_size: int, images: int) -> dict:
+def run(scene, store: ImageStore, engine_factory, batch_size: int, images: int) -> dict:
     config = TrainConfig(iterations=images + 8 * batch_size, batch_size=batch_size)
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(scene, store, config, RunOptions(Path(out), progress=False,
                                                            checkpoint_every=0),
-                          make_engine=make_engine)
+                          make_engine=engine_factory)
         for _ in range(8):  # warm-up: kernels compiled, caches filled
             trainer.train_step()
         engine, moved, counts = trainer.engine, [], []
