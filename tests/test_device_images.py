@@ -58,3 +58,22 @@ def test_pixels_become_the_same_floats_on_the_gpu_as_on_the_host():
     for dtype in (torch.float32, torch.float64):
         assert torch.equal(pixels_as_float(pixels.cuda(), dtype).cpu(),
                            pixels_as_float(pixels, dtype))
+
+
+def test_a_band_is_cut_from_the_kept_image_or_read_alone():
+    """A rank's band: the image is kept whole while it fits (later bands are cut from
+    it); past the budget only the band's rows are read."""
+    images = DeviceImages(budget=10 * 20 * 3, **OFF_HOST)
+    pixels = torch.randint(0, 256, (10, 20, 3), dtype=torch.uint8)
+    reads = []
+
+    def read(rows):
+        reads.append(rows)
+        return pixels if rows is None else pixels[rows[0]:rows[1]]
+    first, second = (TrainView(view.camera, read=read) for view in views(2))
+    like = torch.zeros(1, dtype=torch.float64)
+    assert images.rows(first, 2, 7, like).shape == (5, 20, 3) and reads == [None]
+    assert images.rows(first, 0, 3, like).device.type == "meta" and reads == [None]
+    band = images.rows(second, 2, 7, like)
+    assert reads == [None, (2, 7)] and band.dtype == torch.float64
+    assert torch.equal(band, pixels_as_float(pixels[2:7]).double())

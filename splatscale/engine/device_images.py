@@ -43,6 +43,19 @@ class DeviceImages:
             return self.backend.pixels_as_float(image, torch.float32)
         return image
 
+    def rows(self, view: TrainView, y0: int, y1: int, like: Tensor) -> Tensor:
+        """Rows ``[y0, y1)`` of ``view``'s target on the device in ``like``'s dtype (a
+        rank's band). Where the device is host memory, or the image cannot be kept,
+        only those rows are read; otherwise the image is kept whole, as ``target``
+        keeps it, for the bands of the steps to come."""
+        camera = view.camera
+        pixel_bytes = 3 * camera.width * camera.height
+        if self.backend.shares_host_memory or (
+                camera.name not in self.kept
+                and self.kept_bytes + pixel_bytes > self._budget()):
+            return view.target_rows(y0, y1, like)
+        return self.target(view)[y0:y1].to(like.dtype)
+
     def _budget(self) -> int:
         if self.budget is None:
             self.budget = int(self.backend.free_memory(self.device) * BUDGET_SHARE)

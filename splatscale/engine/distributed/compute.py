@@ -40,6 +40,7 @@ from splatscale.engine.distributed.exchange import (all_to_all, all_to_all_diffe
                                                     rendered_workload, route, unpack)
 from splatscale.engine.distributed.cost_model import FittedRowCost, RowCost
 from splatscale.engine.distributed.partition import Band, partition, tile_row_work
+from splatscale.engine.device_images import DeviceImages
 from splatscale.engine.rows import Rows
 from splatscale.engine.seen import tell, watch
 from splatscale.model.gaussians import GaussianModel
@@ -50,7 +51,8 @@ from splatscale.step.selection import Number
 from splatscale.step.view_loss import band_loss
 from splatscale.strategy.base import Observer
 
-# Shards are rebalanced after densification when the largest exceeds the smallest by this.
+# Shards are rebalanced after an edit that replaced rows, when the largest exceeds the
+# smallest by this.
 MAX_IMBALANCE = 1.1
 
 
@@ -68,6 +70,7 @@ class ManyRanks:
         bookkeeping stays on the host."""
         self.background = background.to(torch.device(device))
         self.backend = backend or backend_for(device)
+        self.targets = DeviceImages(torch.device(device), backend=self.backend)
         self.ssim_weight = ssim_weight
         self.balance = balance
         self.fixed_cost = fixed_cost
@@ -79,7 +82,7 @@ class ManyRanks:
                          observer: Observer | None) -> StepResult:
         cameras = [view.camera for view in batch]
         working = rows.working_set(cameras)
-        splats = project(working.model, cameras, working.seen, self.backend)
+        splats = project(working.model, cameras, working.visibility, self.backend)
         watch(splats, observer)
         # A per-pixel statistic needs each pixel's gradient whole (``band_loss``).
         halos = 2 if observer is not None and observer.absgrad else 1
@@ -154,7 +157,7 @@ class ManyRanks:
                         camera.height, rows=(y0, y1), background=self.background,
                         backend=self.backend)
         own = (band.rows[0] - y0, band.rows[1] - y0)
-        return band_loss(out.rgb, view.target_rows(y0, y1, like=out.rgb), own,
+        return band_loss(out.rgb, self.targets.rows(view, y0, y1, like=out.rgb), own,
                          3 * camera.width * camera.height, self.ssim_weight,
                          whole_pixels=halos == 2)
 
@@ -211,7 +214,7 @@ class ManyRanks:
         """The whole view on every rank, each rank rendering its rows of it (rows
         current)."""
         working = rows.working_set([camera])
-        splats = project(working.model, [camera], working.seen, self.backend)
+        splats = project(working.model, [camera], working.visibility, self.backend)
         work = tile_row_work(splats, [camera]).cpu()
         collectives.all_reduce(work)
         bands = partition(work, [camera], self.world, self.row_cost())
