@@ -42,6 +42,7 @@ from splatscale.model.spz import write_spz
 from splatscale.backends import cuda as cuda_backend
 from splatscale.render import render as render_view
 from splatscale.render.kernel_cache import kernels_cached
+from splatscale.strategy import check_settings
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
 from splatscale.train.metrics import ImageMetrics
@@ -155,7 +156,9 @@ def _new_config(args: Namespace) -> TrainConfig:
                             if name not in SCHEDULE_FLAGS + ("schedule_scale",)})
     if args.schedule_scale is not None:
         config = config.scaled(args.schedule_scale)
-    return replace(config, **{name: given[name] for name in SCHEDULE_FLAGS if name in given})
+    config = replace(config, **{name: given[name] for name in SCHEDULE_FLAGS if name in given})
+    check_settings(config)  # before any image is read
+    return config
 
 
 def _resumed_config(args: Namespace, saved: dict, checkpoint: Path) -> TrainConfig:

@@ -83,6 +83,14 @@ def test_band_loss_keeps_each_pixel_s_gradient_whole():
         assert not band.grad[:local[0]].any() and not band.grad[local[1]:].any()
 
 
+@pytest.mark.parametrize("scale", [1.0, 0.1, 3.0])
+def test_another_strategy_s_settings_at_their_scaled_defaults_are_no_change(scale):
+    """--schedule-scale scales 3DGS's opacity resets too: an MCMC run so scaled has
+    changed no setting of 3DGS's."""
+    config = TrainConfig(strategy="mcmc").scaled(scale)
+    assert make_strategy(config, extent=1.0).absgrad is False
+
+
 def test_absgrad_with_mcmc_is_refused(tmp_path, capsys):
     output = tmp_path / "run"
     code = main(["train", "-o", str(output), "--quiet", "--strategy", "mcmc", "--absgrad"])

@@ -2,25 +2,26 @@
 
 A ``ComposedEngine`` is two parts, each with a contract of its own:
 
-- ``rows`` (``engine/rows.py``'s ``Rows``): where the Gaussians, their Adam
-  state and densification statistics live, and how a step gets the rows it
-  renders from and updates them. ``ResidentRows`` keeps everything on the
-  compute device; ``OffloadedRows`` (GS-Scale) keeps it in host memory.
+- ``rows`` (``engine/rows.py``'s ``Rows``): where the row set (the Gaussians,
+  their Adam moments, the strategy's per-row state) lives, and how a step gets
+  the rows it renders from and updates them. ``ResidentRows`` keeps everything
+  on the compute device; ``OffloadedRows`` (GS-Scale) keeps it in host memory.
 - ``compute`` (``Compute`` below): how one step's forward and backward pass
-  run over those rows. ``OneProcess`` renders every view whole; ``Ranks``
+  run over those rows. ``OneProcess`` renders every view whole; ``ManyRanks``
   (Grendel) cuts each batch's pixel rows over the ranks and exchanges the
   splats each one needs.
 
-The four combinations are instances of this one class, not subclasses:
+The four combinations are instances of this one class, not subclasses, made
+by ``factory.make_engine`` from its options:
 
-==========================  =================  ==============
-made by                     rows               compute
-==========================  =================  ==============
-``local_engine``            ``ResidentRows``   ``OneProcess``
-``offload_engine``          ``OffloadedRows``  ``OneProcess``
-``distributed_engine``      ``ResidentRows``   ``Ranks``
-``offloaded_shard_engine``  ``OffloadedRows``  ``Ranks``
-==========================  =================  ==============
+=====================  =================  ==============
+options                rows               compute
+=====================  =================  ==============
+none                   ``ResidentRows``   ``OneProcess``
+``offload``            ``OffloadedRows``  ``OneProcess``
+``ranks``              ``ResidentRows``   ``ManyRanks``
+both                   ``OffloadedRows``  ``ManyRanks``
+=====================  =================  ==============
 
 One step, as the Trainer calls it (the strategies' order, ``strategy/base.py``)::
 
@@ -129,9 +130,11 @@ class ComposedEngine:
 
     def edit_rows(self, edit: Callable[[RowSet, Total], Result]) -> Result:
         rows = self.rows
+        assert not rows.row_set.replaced, "rows were replaced outside edit_rows"
         rows.bring_current()
         result = edit(rows.row_set, self.compute.total)
-        replaced = rows.row_set.take_replaced()
+        # Collective from here on: every rank moves rows if any replaced some.
+        replaced = self.compute.any_rank(rows.row_set.take_replaced())
         if replaced:
             self.compute.rebalance(rows)
             rows.row_set.take_replaced()

@@ -42,7 +42,7 @@ class OneProcess:
         """Render ``batch``, its loss averaged over the views, backward (queued: on a
         GPU it may still run while the rows take the gradients)."""
         working = rows.working_set([view.camera for view in batch])
-        splats = project(working.model, [view.camera for view in batch], working.seen,
+        splats = project(working.model, [view.camera for view in batch], working.visibility,
                          self.backend)
         watch(splats, observer)
         shares, psnrs = [], []
@@ -67,7 +67,7 @@ class OneProcess:
     def render(self, rows: Rows, camera: Camera) -> RenderOutput:
         """On the device, from the rows the camera sees (rows current)."""
         working = rows.working_set([camera])
-        return rasterize(project(working.model, [camera], working.seen,
+        return rasterize(project(working.model, [camera], working.visibility,
                                  self.backend).of_camera(0),
                          camera.width, camera.height, background=self.background,
                          backend=self.backend)

@@ -36,7 +36,7 @@ class WorkingSet:
 
     rows: Tensor
     model: GaussianModel
-    seen: Visibility | None = None
+    visibility: Visibility | None = None
     measured: dict[str, int] = field(default_factory=dict)
 
 

@@ -21,12 +21,13 @@ def watch(splats: Splats, observer: Observer | None) -> None:
 
 
 def tell(observer: Observer | None, rows: Rows, working: WorkingSet, splats: Splats) -> None:
-    """After the backward pass: ``observer`` observes what each view saw, by master row."""
+    """After the backward pass: ``observer`` observes what each view saw, by master row
+    (on every rank, whatever it saw, so that every rank's row set holds the same state)."""
     if observer is None:
         return
     grad = splats.means2d.grad
-    if grad is None:  # nothing was visible
-        return
+    if grad is None:  # nothing was visible: nothing was rendered from it
+        grad = torch.zeros_like(splats.means2d.detach())
     master = working.rows[splats.gaussian_ids.to(working.rows.device)]
     absgrad = _absgrad(splats, grad) if observer.absgrad else None
     views = []

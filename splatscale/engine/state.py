@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from splatscale.model.gaussians import MAX_SH_DEGREE, GaussianModel
+from splatscale.step.row_set import MOMENTS
 
 
 class EngineState(TypedDict):
@@ -23,7 +24,7 @@ class EngineState(TypedDict):
                                   # GaussianAdam.state_dict(): steps per group, batch_size
     stats: dict[str, Tensor]      # the strategy's per-row state (RowSet.state), by name
     keys: Tensor                  # [N] int64: each Gaussian's name, whatever its row
-    densify_events: int           # row edits so far (they seed the new keys)
+    densify_events: int           # event numbers handed out (RowSet.next_event)
 
 
 def state_problem(state) -> str | None:
@@ -46,7 +47,7 @@ def state_problem(state) -> str | None:
     if not isinstance(optimizer, dict) or not all(
             isinstance(optimizer.get(kind), dict) and set(optimizer[kind]) == set(shapes)
             and all(isinstance(t, Tensor) and t.shape == shapes[n]
-                    for n, t in optimizer[kind].items()) for kind in ("exp_avg", "exp_avg_sq")):
+                    for n, t in optimizer[kind].items()) for kind in MOMENTS):
         return "its optimiser state does not match its Gaussians"
     steps, batch_size = optimizer.get("steps"), optimizer.get("batch_size")
     if not isinstance(steps, dict) or set(steps) != set(shapes) or not all(
@@ -88,7 +89,7 @@ def _map_rows(state: EngineState, rows: Callable[[list[Tensor]], Tensor],
         return rows([at(s) for s in states])
 
     optimizer = dict(state["optimizer"])
-    for kind in ("exp_avg", "exp_avg_sq"):
+    for kind in MOMENTS:
         optimizer[kind] = {n: per_row("optimizer", kind, n) for n in state["optimizer"][kind]}
     mapped = dict(state, optimizer=optimizer, keys=per_row("keys"),
                   model={n: per_row("model", n) for n in state["model"]},

@@ -41,7 +41,7 @@ class RowSet:
             kind: {n: torch.zeros_like(p.detach()) for n, p in model.parameters().items()}
             for kind in MOMENTS}
         self.state = state if state is not None else {}
-        self.events = events
+        self.events = events  # event numbers handed out (``next_event``)
         self.edited: set[str] = set()
         self.replaced = False  # rows added, removed or moved since ``take_replaced``
 
@@ -59,6 +59,10 @@ class RowSet:
             self.state[name] = torch.zeros(len(self), dtype=dtype or means.dtype,
                                            device=means.device)
         return self.state[name]
+
+    def zero_state(self) -> None:
+        """Every per-row state tensor back to zero (a statistic that starts again)."""
+        self.state = {name: torch.zeros_like(t) for name, t in self.state.items()}
 
     def next_event(self) -> int:
         """A number no earlier edit used, the same on every rank (edits are collective)."""

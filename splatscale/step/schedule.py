@@ -5,6 +5,11 @@ from __future__ import annotations
 import math
 
 
+def scaled_images(images: int, factor: float) -> int:
+    """A schedule of ``images`` made ``factor`` times as long: at least one image."""
+    return max(1, round(images * factor))
+
+
 def position_lr(image: int, lr_init: float, lr_final: float, max_steps: int) -> float:
     """3DGS's log-linear decay from lr_init to lr_final over ``max_steps`` images."""
     if lr_init == lr_final == 0:

@@ -18,6 +18,7 @@ from dataclasses import fields
 from typing import Protocol
 
 from splatscale.errors import SplatscaleError
+from splatscale.step.schedule import scaled_images
 from splatscale.strategy import default, mcmc
 from splatscale.strategy.base import Strategy
 
@@ -28,6 +29,11 @@ class StrategyClass(Protocol):
     @property
     def settings(self) -> type:
         """Its settings' dataclass, which ``TrainConfig`` inherits."""
+        ...
+
+    @property
+    def schedules(self) -> tuple[str, ...]:
+        """Its settings counted in images, which --schedule-scale scales."""
         ...
 
     @property
@@ -43,18 +49,27 @@ STRATEGIES: dict[str, StrategyClass] = {"3dgs": default.ThreeDGS, "mcmc": mcmc.M
 
 def make_strategy(config, extent: float) -> Strategy:
     """The strategy ``config.strategy`` names (``config``: a ``TrainConfig``), for a
-    scene of ``extent``. A setting of another strategy's, changed, is refused, naming
-    its flag: it would do nothing."""
-    chosen = STRATEGIES[config.strategy]
+    scene of ``extent``, its settings checked (``check_settings``)."""
+    check_settings(config)
+    return STRATEGIES[config.strategy](config, extent)
+
+
+def check_settings(config) -> None:
+    """Refuse a setting of a strategy other than ``config.strategy`` changed from its
+    default (a schedule's default scaled as ``config``'s are): it would do nothing.
+    The setting is named as its flag, which is how one is changed."""
     for name, other in STRATEGIES.items():
-        if other is chosen:
+        if name == config.strategy:
             continue
-        for setting in fields(other.settings):
-            if getattr(config, setting.name) != setting.default:
+        defaults = other.settings()
+        for setting in fields(defaults):
+            default = getattr(defaults, setting.name)
+            if setting.name in other.schedules:
+                default = scaled_images(default, config.schedule_scale)
+            if getattr(config, setting.name) != default:
                 flag = "--" + setting.name.replace("_", "-")
                 raise SplatscaleError(f"{flag}: a setting of --strategy {name}, not of "
                                       f"{config.strategy}")
-    return chosen(config, extent)
 
 
-__all__ = ["STRATEGIES", "Strategy", "make_strategy"]
+__all__ = ["STRATEGIES", "Strategy", "check_settings", "make_strategy"]

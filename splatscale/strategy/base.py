@@ -114,7 +114,7 @@ class RefineSettings:
     # Which strategy changes the set of Gaussians: "3dgs" (``default``) or "mcmc".
     strategy: str = "3dgs"
     densify_from: int = 500
-    densify_until: int | None = None  # the strategy's own default (``REFINE_UNTIL``)
+    densify_until: int | None = None  # the strategy's own default_refine_until
     densify_interval: int = 100
     prune_opacity: float = 0.005
     max_gaussians: int | None = None  # 3dgs: no budget; mcmc: its own cap

@@ -63,6 +63,7 @@ class ThreeDGS(GradientNorms):
     ``extent``."""
 
     settings = DefaultSettings
+    schedules = ("opacity_reset_interval",)  # its settings counted in images
     default_refine_until = 15_000  # images; 3DGS's densify_until_iter
     regularisers = None
     initial_opacity, initial_scale = 0.1, 1.0
@@ -177,7 +178,7 @@ def densify_and_prune(rows: RowSet, grad_threshold: float, percent_dense: float,
     if prune_large:
         prune |= rows.model.scales.detach().max(dim=1).values > 0.1 * extent
     rows.replace(~prune)
-    rows.state = {name: torch.zeros_like(t) for name, t in rows.state.items()}
+    rows.zero_state()
     return {"cloned": int(clone.sum()), "split": int(split.sum()), "pruned": int(prune.sum())}
 
 

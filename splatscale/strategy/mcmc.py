@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -84,6 +85,7 @@ class MCMC:
     regularisers in the loss."""
 
     settings = MCMCSettings
+    schedules: ClassVar[tuple[str, ...]] = ()  # its settings counted in images
     default_refine_until = 25_000  # images; gsplat's refine_stop_iter
     initial_opacity, initial_scale = INITIAL_OPACITY, INITIAL_SCALE
     edits_every_step = True  # the noise on the means

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 from splatscale.errors import DataError
 from splatscale.limits import MAX_COUNT, MAX_SEED
+from splatscale.step.schedule import scaled_images
 from splatscale.strategy import STRATEGIES
 from splatscale.strategy.base import RefineSettings
 from splatscale.strategy.default import DefaultSettings
@@ -50,9 +52,9 @@ class TrainConfig(MCMCSettings, DefaultSettings, RefineSettings):
         times as long; each at least one image."""
         schedules = {name: getattr(self, name) for name in SCHEDULES}
         schedules["densify_until"] = self.refine_until()
-        return replace(self, schedule_scale=factor,
-                       **{name: max(1, round(images * factor))
-                          for name, images in schedules.items()})
+        scaled: dict[str, Any] = {name: scaled_images(images, factor)
+                                   for name, images in schedules.items()}
+        return replace(self, schedule_scale=factor, **scaled)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -73,7 +75,8 @@ class TrainConfig(MCMCSettings, DefaultSettings, RefineSettings):
 
 # The settings counted in images that --schedule-scale scales (densify_until too).
 SCHEDULES = ("iterations", "position_lr_max_steps", "densify_from", "densify_interval",
-             "opacity_reset_interval", "sh_degree_interval")
+             "sh_degree_interval", *(name for strategy in STRATEGIES.values()
+                                     for name in strategy.schedules))
 # Settings with a narrower range than their type's (integers otherwise at least 0).
 AT_LEAST_ONE = {"iterations", "batch_size", "position_lr_max_steps", "densify_interval",
                 "sh_degree_interval", "max_gaussians"}

@@ -20,7 +20,7 @@ from splatscale.atomic import write_json
 from splatscale.data.images import ImageStore
 from splatscale.data.scene import Scene
 from splatscale.engine import Engine, TrainView
-from splatscale.engine.factory import make_engine as one_process_engine
+from splatscale.engine import factory
 from splatscale.errors import DataError, Interrupted, TrainingDiverged
 from splatscale.messages import notice
 from splatscale.threads import threading_layer
@@ -96,7 +96,7 @@ def initial_model(scene: Scene, store: ImageStore, train_ids: list[int], config:
 class Trainer:
     def __init__(self, scene: Scene, store: ImageStore, config: TrainConfig,
                  options: RunOptions, engine: Engine | None = None,
-                 make_engine: EngineFactory = one_process_engine) -> None:
+                 make_engine: EngineFactory = factory.make_engine) -> None:
         """``engine``, if given, is used as it is; otherwise ``make_engine(initial model,
         batch size, background, SSIM weight)`` makes one (by default ``make_engine``'s
         engine on the CPU)."""

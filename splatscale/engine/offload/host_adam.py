@@ -224,5 +224,5 @@ class DeferredAdam:
         return behind
 
     def resized(self, rows: int) -> None:
-        """After densification (every row caught up first): all rows current."""
+        """After an edit that replaced rows (every row caught up first): all current."""
         self.updated_at = torch.full((rows,), self.step_count, dtype=torch.int64)
