@@ -14,7 +14,8 @@ how often the model was sent, and ``viewer`` holds the ratios.
 
 ``--baseline DIR`` (a checkout of an earlier splatscale, e.g. a ``git
 worktree``) first runs the same measurement with that code, in a subprocess,
-then this one, never both at once, and prints a before/after table on stderr;
+then this one (``--after-first``: the other way round), never both at once, and
+prints a before/after table on stderr;
 the JSON line holds both runs and the speed ratios.
 """
 
@@ -168,14 +169,21 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, default=1, help="downscale factor")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--baseline", type=Path, help="a checkout to compare against")
+    parser.add_argument("--after-first", action="store_true",
+                        help="with --baseline, measure this code first (to see whether the "
+                             "order, not the code, makes the difference)")
     parser.add_argument("--viewer", action="store_true",
                         help="also train with the live viewer, and give the speed ratios")
     args = parser.parse_args()
     if args.baseline is None:
         emit(measure(args))
         return
-    before = baseline_measure(args)
-    after = measure(args)
+    if args.after_first:
+        after = measure(args)
+        before = baseline_measure(args)
+    else:
+        before = baseline_measure(args)
+        after = measure(args)
     table = compared(before, after)
     for name, row in table.items():
         print(f"{name}: {row['it_s_before']} -> {row['it_s_after']} it/s "
