@@ -109,6 +109,11 @@ class Engine(Protocol):
         An engine may get that step's Gaussians ready early; nothing depends on it."""
         ...
 
+    def read_ahead(self, read: Callable[[], None]) -> None:
+        """Where this engine reads the next batch's images whole, ``read()`` starts
+        reading them now (a rank reads only the rows it renders, when it renders)."""
+        ...
+
     def forward_backward(self, batch: list[TrainView], observer: "Observer | None" = None,
                          regularisers: "GradientTerm | None" = None) -> StepResult:
         """Render ``batch``, the loss averaged over its views, the gradients; tell

@@ -79,6 +79,10 @@ class Compute(Protocol):
         """Pre: the rows are current. The whole view (on every rank)."""
         ...
 
+    def read_ahead(self, read: Callable[[], None]) -> None:
+        """``read()`` where the next batch's images are read whole; else nothing."""
+        ...
+
     def rebalance(self, rows: Rows) -> None:
         """Pre: an edit replaced the rows. Rows may move (between ranks)."""
         ...
@@ -118,6 +122,9 @@ class ComposedEngine:
 
     def expect(self, cameras: list[Camera], learning_rates: dict[str, float]) -> None:
         self.rows.expect(cameras, learning_rates)
+
+    def read_ahead(self, read: Callable[[], None]) -> None:
+        self.compute.read_ahead(read)
 
     def forward_backward(self, batch: list[TrainView], observer: Observer | None = None,
                          regularisers: GradientTerm | None = None) -> StepResult:

@@ -9,7 +9,7 @@ the rows.
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -71,6 +71,10 @@ class OneProcess:
                                  self.backend).of_camera(0),
                          camera.width, camera.height, background=self.background,
                          backend=self.backend)
+
+    def read_ahead(self, read: Callable[[], None]) -> None:
+        """Every view is rendered whole: its image is read whole, now."""
+        read()
 
     def rebalance(self, rows: Rows) -> None:
         """Nothing to even out with one process."""

@@ -158,8 +158,8 @@ class Trainer:
         # process reads the next batch's whole images ahead.
         batch = [TrainView(self.store.camera(i), read=partial(self.store.image, i))
                  for i in self._next_batch()]
-        if engine.shard()[1] == 1:
-            self.store.read_ahead(self.queue[-c.batch_size:])  # the next batch, where queued
+        upcoming = self.queue[-c.batch_size:]  # the next batch, where queued
+        engine.read_ahead(lambda: self.store.read_ahead(upcoming))
         strategy = self.strategy
         if len(self.queue) >= c.batch_size and not strategy.edits_every_step:
             engine.expect([self.store.camera(i) for i in reversed(self.queue[-c.batch_size:])],

@@ -26,7 +26,7 @@ every rank of the process group:
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -177,6 +177,9 @@ class ManyRanks:
         send = torch.bincount(owners, minlength=self.world).tolist()
         recv = exchange_counts(send)
         rows.row_set.map_rows(lambda name, t: all_to_all(t, send, recv))  # in order
+
+    def read_ahead(self, read: Callable[[], None]) -> None:
+        """Nothing: each rank reads only the rows it renders, when it renders them."""
 
     def any_rank(self, flag: bool) -> bool:
         agreed = torch.tensor([int(flag)])
