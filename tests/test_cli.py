@@ -43,3 +43,26 @@ def test_train_render_eval_export(tmp_path, capsys):
 
 def report_gaussians(out):
     return json.loads((out / "report.json").read_text())["num_gaussians"]
+
+
+def test_the_cli_offers_every_registered_strategy_and_its_flags():
+    """The CLI declares --strategy's choices and the strategies' flags itself (it loads
+    no torch): they must name the registry's strategies and their settings."""
+    from dataclasses import fields
+
+    from splatscale.cli import build_parser
+    from splatscale.strategy import STRATEGIES
+
+    train = build_parser().parse_args(["train", "-o", "out"])
+    choices = next(action.choices for action in _train_actions() if action.dest == "strategy")
+    assert tuple(choices) == tuple(STRATEGIES)
+    settings = {f.name for strategy in STRATEGIES.values() for f in fields(strategy.settings)}
+    flagged = {name for name in vars(train) if name in settings}
+    assert "absgrad" in flagged, flagged
+
+
+def _train_actions():
+    from splatscale.cli import build_parser
+
+    subparsers = next(a for a in build_parser()._actions if a.dest == "command")
+    return subparsers.choices["train"]._actions
