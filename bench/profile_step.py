@@ -36,7 +36,7 @@ from splatscale.render import project
 from splatscale.render.binning import bin_tiles
 from splatscale.render.rasterize import composite
 from splatscale.step.loss import photometric_loss
-from splatscale.strategy.base import Seen, SeenView
+from splatscale.step.observer import Seen, SeenView
 from splatscale.strategy.default import GradientNorms
 
 from report import emit

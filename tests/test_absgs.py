@@ -11,7 +11,7 @@ from splatscale.step.loss import photometric_loss
 from splatscale.step.row_set import RowSet
 from splatscale.step.view_loss import HALO, band_loss
 from splatscale.strategy import make_strategy
-from splatscale.strategy.base import Seen, SeenView
+from splatscale.step.observer import Seen, SeenView
 from splatscale.strategy.default import GRAD_SUM, COUNT, GradientNorms
 from splatscale.train.config import TrainConfig
 from tests.conftest import random_model

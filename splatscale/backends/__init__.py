@@ -16,6 +16,7 @@ its ``BACKEND``, and one entry in ``BACKENDS``.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager
@@ -98,6 +99,7 @@ class Backend:
 BACKENDS = {"cpu": "splatscale.backends.cpu", "cuda": "splatscale.backends.cuda"}
 
 
+@functools.cache  # asked on every step's hot path: the module is looked up once
 def backend_named(name: str) -> Backend:
     """The backend registered as ``name`` (a device type: "cpu", "cuda")."""
     if name not in BACKENDS:

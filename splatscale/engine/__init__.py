@@ -48,7 +48,7 @@ from splatscale.render import RenderOutput
 if TYPE_CHECKING:
     from splatscale.step.row_set import RowSet
     from splatscale.step.selection import Total
-    from splatscale.strategy.base import GradientTerm, Observer
+    from splatscale.step.observer import GradientTerm, Observer
 
 Result = TypeVar("Result")
 

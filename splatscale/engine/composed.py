@@ -58,7 +58,7 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.render import RenderOutput
 from splatscale.step.row_set import RowSet
 from splatscale.step.selection import Number, Total
-from splatscale.strategy.base import GradientTerm, Observer
+from splatscale.step.observer import GradientTerm, Observer
 
 Result = TypeVar("Result")
 

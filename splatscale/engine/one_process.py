@@ -25,7 +25,7 @@ from splatscale.render import RenderOutput, project, rasterize
 from splatscale.step.loss import psnr_of
 from splatscale.step.selection import Number
 from splatscale.step.view_loss import band_loss
-from splatscale.strategy.base import Observer
+from splatscale.step.observer import Observer
 
 
 class OneProcess:

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from splatscale.engine.rows import Rows, WorkingSet
 from splatscale.render import Splats
-from splatscale.strategy.base import Observer, Seen, SeenView
+from splatscale.step.observer import Observer, Seen, SeenView
 
 
 def watch(splats: Splats, observer: Observer | None) -> None:

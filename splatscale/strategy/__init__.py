@@ -1,7 +1,8 @@
 """Strategies: when and how training changes the set of Gaussians.
 
-- ``base``: the contract (``Strategy``), what a step saw (``Seen``), the engine's
-  seam (``EditsRows``) and the settings every strategy shares;
+- ``base``: the contract (``Strategy``, an observer of what each step saw:
+  ``step/observer.py``), the engine's seam (``EditsRows``) and the settings every
+  strategy shares;
 - ``default``: 3DGS's own (``--strategy 3dgs``), with AbsGS's statistic as an
   option;
 - ``mcmc``: 3DGS as Markov-chain Monte Carlo (``--strategy mcmc``), gsplat's.

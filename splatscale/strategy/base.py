@@ -1,5 +1,6 @@
-"""What every strategy is: its contract with the Trainer and the engine, the record
-of what a step saw, and the settings all strategies share.
+"""What every strategy is: its contract with the Trainer and the engine (an
+``Observer`` of what each step saw, ``step/observer.py``), and the settings all
+strategies share.
 
 A strategy decides when and how training changes the set of Gaussians. The
 Trainer calls it at fixed points of each step, with the images seen before and
@@ -28,49 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol, TypeVar
 
-from torch import Tensor
 
+from splatscale.step.observer import GradientTerm, Observer
 from splatscale.step.row_set import RowSet
 from splatscale.step.selection import Total
 
 Result = TypeVar("Result")
-
-
-@dataclass
-class SeenView:
-    """One view of a step, as its backward pass saw the rows: the master row of each
-    Gaussian it saw, d loss / d means2d of each (the batch's loss, averaged over its
-    views) and, when the observer asked for it, gsplat's ``absgrad``: the sum over
-    pixels of that gradient's absolute value, pixel by pixel."""
-
-    rows: Tensor            # [M] int64
-    means2d_grad: Tensor    # [M, 2]
-    absgrad: Tensor | None  # [M, 2]
-    width: int
-    height: int
-
-
-@dataclass
-class Seen:
-    """What one step saw: its views, in batch order."""
-
-    views: list[SeenView]
-
-
-class Observer(Protocol):
-    """Told what each step saw, to keep per-row state."""
-
-    absgrad: bool  # whether it reads ``SeenView.absgrad`` (the renderer computes it)
-
-    def observe(self, rows: RowSet, seen: Seen) -> None: ...
-
-
-class GradientTerm(Protocol):
-    """A term of the loss over every Gaussian, whose gradient the engine adds."""
-
-    def gradients(self, params: dict[str, Tensor], count: int) -> dict[str, Tensor]:
-        """Its gradient with respect to ``params``' rows, of ``count`` Gaussians in all."""
-        ...
 
 
 class EditsRows(Protocol):

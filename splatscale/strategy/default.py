@@ -29,7 +29,8 @@ from splatscale.render.projection import quat_to_rotmat
 from splatscale.step.keyed_random import keyed_hash, keyed_normal
 from splatscale.step.row_set import RowSet
 from splatscale.step.selection import Total, descending, smallest
-from splatscale.strategy.base import EditsRows, Seen, totals
+from splatscale.step.observer import Seen
+from splatscale.strategy.base import EditsRows, totals
 from splatscale.step.schedule import crossed_multiple, crosses
 
 SPLIT_INTO = 2

@@ -37,7 +37,8 @@ from splatscale.render.projection import quat_to_rotmat
 from splatscale.step.keyed_random import keyed_hash, keyed_normal, keyed_uniform
 from splatscale.step.row_set import RowSet
 from splatscale.step.selection import Total, ascending, smallest
-from splatscale.strategy.base import EditsRows, Seen
+from splatscale.step.observer import Seen
+from splatscale.strategy.base import EditsRows
 from splatscale.step.schedule import crossed_multiple
 
 MAX_GAUSSIANS = 1_000_000  # gsplat's cap_max

@@ -49,7 +49,7 @@ from splatscale.render import RenderOutput, Splats, project, rasterize
 from splatscale.step.loss import psnr_of
 from splatscale.step.selection import Number
 from splatscale.step.view_loss import band_loss
-from splatscale.strategy.base import Observer
+from splatscale.step.observer import Observer
 
 # Shards are rebalanced after an edit that replaced rows, when the largest exceeds the
 # smallest by this.
