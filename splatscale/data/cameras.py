@@ -1,4 +1,4 @@
-"""The pinhole camera every other module speaks (gsplat's conventions)."""
+"""The camera every other module speaks (gsplat's conventions): pinhole or fisheye."""
 
 from __future__ import annotations
 
@@ -11,14 +11,19 @@ from torch import Tensor
 # orthonormal only to about 1e-6; anything beyond 1e-4 is a scaled or sheared matrix.
 ROTATION_TOLERANCE = 1e-4
 
+# The projections a camera may have: "pinhole" (x = fx X / Z + cx) and "fisheye",
+# ideal equidistant (r = f theta, theta the angle from the optical axis), as gsplat's
+# camera_model names them.
+CAMERA_MODELS = ("pinhole", "fisheye")
+
 
 @dataclass(frozen=True)
 class Camera:
-    """A pinhole view of the scene.
+    """A view of the scene.
 
     ``viewmat`` is the 4x4 world-to-camera transform with OpenCV axes (+x right,
     +y down, +z forward); ``K`` the 3x3 intrinsics in pixels, pixel centres at
-    ``(i + 0.5, j + 0.5)``.
+    ``(i + 0.5, j + 0.5)``; ``model`` one of ``CAMERA_MODELS``.
     """
 
     viewmat: Tensor
@@ -26,8 +31,12 @@ class Camera:
     width: int
     height: int
     name: str = ""
+    model: str = "pinhole"
 
     def __post_init__(self) -> None:
+        if self.model not in CAMERA_MODELS:
+            raise ValueError(f"camera {self.name!r}: model must be one of "
+                             f"{', '.join(CAMERA_MODELS)}, got {self.model!r}")
         if tuple(self.viewmat.shape) != (4, 4) or tuple(self.K.shape) != (3, 3):
             raise ValueError(
                 f"camera {self.name!r}: viewmat must be 4x4 and K 3x3, "
@@ -61,10 +70,10 @@ class Camera:
 
     @staticmethod
     def from_pose(rotation: Tensor, translation: Tensor, K: Tensor, width: int, height: int,
-                  name: str = "") -> "Camera":
+                  name: str = "", model: str = "pinhole") -> "Camera":
         """Build from a world-to-camera rotation and translation."""
         viewmat = torch.eye(4, dtype=torch.float64)
         viewmat[:3, :3] = torch.as_tensor(rotation, dtype=torch.float64)
         viewmat[:3, 3] = torch.as_tensor(translation, dtype=torch.float64)
         return Camera(viewmat, torch.as_tensor(K, dtype=torch.float64), int(width), int(height),
-                      name)
+                      name, model)

@@ -25,6 +25,10 @@ class GaussianModel:
     ``keys`` [N] int64 name each Gaussian whatever its storage position (default
     0..N-1): they travel with it through densification and between ranks, and
     decide what storage order must not (depth ties, the samples of a split).
+
+    ``antialiased``: the model is rendered with gsplat's anti-aliased splats (each
+    splat's opacity times sqrt(det cov2d / det(cov2d + eps2d I)), the compensation
+    for the 2D dilation), as it was trained; it travels with the model.
     """
 
     means: Tensor
@@ -35,6 +39,7 @@ class GaussianModel:
     shN: Tensor
     sh_degree: int
     keys: Tensor
+    antialiased: bool
 
     PARAMETERS = ("means", "quats", "log_scales", "opacity_logits", "sh0", "shN")
 
@@ -42,10 +47,12 @@ class GaussianModel:
     # while every model has them.
     def __init__(self, means: Tensor, quats: Tensor, log_scales: Tensor,
                  opacity_logits: Tensor, sh0: Tensor, shN: Tensor,
-                 sh_degree: int = MAX_SH_DEGREE, keys: Tensor | None = None) -> None:
+                 sh_degree: int = MAX_SH_DEGREE, keys: Tensor | None = None,
+                 antialiased: bool = False) -> None:
         self.means, self.quats, self.log_scales = means, quats, log_scales
         self.opacity_logits, self.sh0, self.shN = opacity_logits, sh0, shN
         self.sh_degree = sh_degree
+        self.antialiased = antialiased
         n = self.means.shape[0]
         expected = {"means": (n, 3), "quats": (n, 4), "log_scales": (n, 3),
                     "opacity_logits": (n,), "sh0": (n, 1, 3), "shN": (n, SH_REST, 3)}
@@ -99,7 +106,8 @@ class GaussianModel:
     def to(self, dtype: torch.dtype | None = None,
            device: torch.device | str | None = None) -> GaussianModel:
         moved = {name: t.to(dtype=dtype, device=device) for name, t in self.parameters().items()}
-        return GaussianModel(**moved, sh_degree=self.sh_degree, keys=self.keys.to(device=device))
+        return GaussianModel(**moved, sh_degree=self.sh_degree, keys=self.keys.to(device=device),
+                             antialiased=self.antialiased)
 
     def requires_grad_(self, flag: bool = True) -> "GaussianModel":
         for tensor in self.parameters().values():
@@ -108,7 +116,8 @@ class GaussianModel:
 
     def detach(self) -> "GaussianModel":
         return GaussianModel(**{n: t.detach().clone() for n, t in self.parameters().items()},
-                             sh_degree=self.sh_degree, keys=self.keys.clone())
+                             sh_degree=self.sh_degree, keys=self.keys.clone(),
+                             antialiased=self.antialiased)
 
 
 def concatenated(parts: Iterable[GaussianModel], sh_degree: int) -> GaussianModel:
@@ -120,4 +129,5 @@ def concatenated(parts: Iterable[GaussianModel], sh_degree: int) -> GaussianMode
     joined = {name: torch.cat([getattr(p, name) for p in parts])
               for name in GaussianModel.PARAMETERS}
     return GaussianModel(**joined, sh_degree=sh_degree,
-                         keys=torch.cat([p.keys for p in parts]))
+                         keys=torch.cat([p.keys for p in parts]),
+                         antialiased=parts[0].antialiased)
