@@ -578,6 +578,9 @@ def export(args: Namespace) -> None:
         if extras is not None and extras.dtype.names:
             notice(f"{output}: the .{args.format} format has no place for {source}'s "
                    f"extra properties, dropped: {', '.join(extras.dtype.names)}")
+        if model.antialiased and args.format == "splat":
+            notice(f"{output}: the .splat format has no place for anti-aliased splats: "
+                   "viewers will draw it as a plain model (a PLY or .spz keeps it)")
     print(f"wrote {output}")
 
 

@@ -1,4 +1,5 @@
-"""Model files: PLY round trip, a PLY written by another trainer, .splat export."""
+"""Model files: PLY round trip, a PLY written by another trainer, .splat export, an
+anti-aliased model's header comment."""
 
 import numpy as np
 import pytest
@@ -6,7 +7,8 @@ import torch
 
 from splatscale.data.colmap import read_colmap
 from splatscale.errors import DataError
-from splatscale.model.ply import ply_properties, read_ply, write_ply, write_splat
+from splatscale.model.ply import (ply_properties, read_ply, write_ply, write_ply_parts,
+                                  write_splat)
 from splatscale.render import render
 from tests.conftest import random_model, data_path
 
@@ -84,3 +86,70 @@ def test_export_keeps_extra_properties_or_says_which_it_dropped(tmp_path, capsys
 
     assert main(["export", str(tmp_path / "rich.ply"), "--format", "splat"]) == 0
     assert "extra properties, dropped: confidence, label" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("writer", ["whole", "parts"])
+def test_an_antialiased_model_says_so_as_brush_does_and_reads_back_so(tmp_path, writer):
+    from plyfile import PlyData
+
+    model = random_model(8, seed=4, dtype=torch.float32)
+    model.antialiased = True
+    path = tmp_path / "m.ply"
+    if writer == "whole":
+        write_ply(model, path)
+    else:
+        write_ply_parts([model], len(model), path, antialiased=True)
+    assert PlyData.read(str(path)).comments == ["SplatRenderMode: mip"]
+    assert read_ply(path).antialiased
+    model.antialiased = False
+    write_ply(model, path)
+    assert PlyData.read(str(path)).comments == [] and not read_ply(path).antialiased
+
+
+@pytest.mark.parametrize("comments, antialiased", [
+    ([], False), (["made elsewhere"], False),
+    (["Exported from Brush", "SplatRenderMode: mip"], True),   # Brush's
+    (["SplatRenderMode: default"], False),
+    (["antialiased 1"], True), (["antialiased 0"], False),     # Postshot's
+    (["antialiased 1", "SplatRenderMode: default"], False),    # the last holds
+])
+def test_other_tools_render_mode_comments_are_read(tmp_path, comments, antialiased):
+    from plyfile import PlyData, PlyElement
+
+    rows = np.zeros(3, dtype=[(name, "f4") for name in ply_properties()])
+    PlyData([PlyElement.describe(rows, "vertex")], comments=comments).write(
+        str(tmp_path / "m.ply"))
+    assert read_ply(tmp_path / "m.ply").antialiased is antialiased
+
+
+@pytest.mark.parametrize("comment", ["SplatRenderMode: 2dgs", "SplatRenderMode:",
+                                     "antialiased yes", "antialiased 1 0"])
+def test_a_render_mode_this_cannot_render_is_refused_naming_the_file(tmp_path, comment):
+    from plyfile import PlyData, PlyElement
+
+    rows = np.zeros(3, dtype=[(name, "f4") for name in ply_properties()])
+    PlyData([PlyElement.describe(rows, "vertex")], comments=[comment]).write(
+        str(tmp_path / "bad.ply"))
+    with pytest.raises(DataError, match=rf"bad.ply: its header's 'comment {comment}' is no "
+                                        r"render mode this reads"):
+        read_ply(tmp_path / "bad.ply")
+
+
+def test_export_keeps_antialiasing_or_says_the_format_cannot(tmp_path, capsys):
+    from splatscale.cli import main
+    from splatscale.model.spz import read_spz
+
+    model = random_model(6, seed=3, dtype=torch.float32)
+    model.antialiased = True
+    write_ply(model, tmp_path / "aa.ply")
+    assert main(["export", str(tmp_path / "aa.ply"), "--format", "spz"]) == 0
+    assert read_spz(tmp_path / "aa.spz").antialiased
+    assert main(["export", str(tmp_path / "aa.spz"), "--format", "ply",
+                 "-o", str(tmp_path / "back.ply")]) == 0
+    assert read_ply(tmp_path / "back.ply").antialiased
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "aa.ply"), "--format", "splat"]) == 0
+    assert "no place for anti-aliased splats" in capsys.readouterr().err
+    write_ply(random_model(6, seed=3, dtype=torch.float32), tmp_path / "plain.ply")
+    assert main(["export", str(tmp_path / "plain.ply"), "--format", "splat"]) == 0
+    assert "anti-aliased" not in capsys.readouterr().err

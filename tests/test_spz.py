@@ -156,3 +156,43 @@ def test_export_refuses_what_spz_cannot_hold_and_what_is_not_a_file(tmp_path, ca
     assert main(["export", str(tmp_path / "model.ply"), "--format", "spz",
                  "-o", str(tmp_path / "link.spz"), "--overwrite"]) == 0
     assert (tmp_path / "link.spz").is_symlink() and (tmp_path / "real.spz").stat().st_size > 0
+
+
+def unpacked(path: Path) -> bytes:
+    """A gzipped .spz file's bytes: its 16-byte header (magic, version, count, SH degree,
+    fractional bits, flags, reserved), then its sections."""
+    import gzip
+    return gzip.decompress(path.read_bytes())
+
+
+def test_an_antialiased_model_sets_the_formats_flag_alone_and_reads_back_so(tmp_path):
+    from splatscale.model.spz import read_spz
+
+    model = small_model()
+    model.antialiased = True
+    write_spz(model, tmp_path / "aa.spz")
+    model.antialiased = False
+    write_spz(model, tmp_path / "plain.spz")
+    aa, plain = unpacked(tmp_path / "aa.spz"), unpacked(tmp_path / "plain.spz")
+    assert aa[14] == 0x1 and plain[14] == 0  # nianticlabs/spz's FlagAntialiased
+    assert aa[:14] + aa[15:] == plain[:14] + plain[15:]  # nothing else changes
+    assert read_spz(tmp_path / "aa.spz").antialiased
+    assert not read_spz(tmp_path / "plain.spz").antialiased
+def test_the_flag_of_a_version_4_file_is_read(tmp_path):
+    """Version 4 (NGSP with zstd) keeps its header uncompressed, the flags at byte 14."""
+    from gsply import GSData
+    from gsply.spz import _HAS_ZSTD, write_spz as gsply_write
+    from splatscale.model.spz import read_spz
+
+    if not _HAS_ZSTD:
+        pytest.skip("gsply writes version 4 only with zstandard")
+    model = small_model()
+    gsply_write(tmp_path / "v4.spz", GSData(
+        means=model.means.numpy(), scales=model.log_scales.numpy(),
+        quats=model.quats.numpy(), opacities=model.opacity_logits.numpy(),
+        sh0=model.sh0[:, 0].numpy(), shN=model.shN.numpy()), version=4)
+    assert not read_spz(tmp_path / "v4.spz").antialiased
+    raw = bytearray((tmp_path / "v4.spz").read_bytes())
+    raw[14] |= 0x1
+    (tmp_path / "v4.spz").write_bytes(bytes(raw))
+    assert read_spz(tmp_path / "v4.spz").antialiased

@@ -1,7 +1,11 @@
 """Model files: the INRIA 3DGS PLY layout and the .splat format, read and written.
 
 A PLY we write may record its world's up direction (``model.orientation``) as a
-header comment, ``comment splatscale up X Y Z``, which other tools ignore."""
+header comment, ``comment splatscale up X Y Z``, which other tools ignore. An
+anti-aliased model (``GaussianModel.antialiased``) says so as Brush does,
+``comment SplatRenderMode: mip`` (SuperSplat's splat-transform reads it too); a
+plain one writes no such comment. Reading, Postshot's ``comment antialiased 0|1``
+is understood as well, and where several say, the last holds."""
 
 from __future__ import annotations
 
@@ -19,6 +23,11 @@ from splatscale.model.gaussians import MAX_SH_DEGREE, SH_C0, SH_REST, GaussianMo
 BASE = (["x", "y", "z", "nx", "ny", "nz"] + [f"f_dc_{i}" for i in range(3)])
 TAIL = ["opacity"] + [f"scale_{i}" for i in range(3)] + [f"rot_{i}" for i in range(4)]
 UP_COMMENT = "splatscale up"
+# How other tools mark a PLY's render mode: the words of the comment, and what each
+# value means (anti-aliased or not).
+RENDER_MODE_COMMENTS = {"SplatRenderMode:": {"mip": True, "default": False},  # Brush's
+                        "antialiased": {"1": True, "0": False}}             # Postshot's
+ANTIALIASED_COMMENT = "SplatRenderMode: mip"
 # antimatter15's .splat rows, as web viewers read them.
 SPLAT_ROW = np.dtype([("position", "<f4", 3), ("scale", "<f4", 3), ("rgba", "u1", 4),
                       ("rotation", "u1", 4)])
@@ -32,9 +41,9 @@ def write_ply(model: GaussianModel, path: str | Path,
               extras: np.ndarray | None = None, up: np.ndarray | None = None) -> None:
     """Write ``model`` in the INRIA layout (f_rest channel-major, logit opacity, log scales),
     and the per-Gaussian properties ``extras`` (a structured array, ``read_extras``) after;
-    ``up``, the world's up direction, in the header."""
+    ``up``, the world's up direction, and whether it is anti-aliased, in the header."""
     if extras is None or not extras.dtype.names:
-        write_ply_parts([model], len(model), path, up)
+        write_ply_parts([model], len(model), path, up, model.antialiased)
         return
     records = _records(model)
     rows = np.empty(len(model), dtype=[(name, "<f4") for name in ply_properties()]
@@ -44,16 +53,18 @@ def write_ply(model: GaussianModel, path: str | Path,
     for name in extras.dtype.names:
         rows[name] = extras[name]
     with atomic_path(path) as tmp:
-        PlyData([PlyElement.describe(rows, "vertex")], comments=_up_comments(up)).write(str(tmp))
+        PlyData([PlyElement.describe(rows, "vertex")],
+                comments=_comments(up, model.antialiased)).write(str(tmp))
 
 
 def write_ply_parts(parts: Iterable[GaussianModel], count: int, path: str | Path,
-                    up: np.ndarray | None = None) -> None:
+                    up: np.ndarray | None = None, antialiased: bool = False) -> None:
     """One PLY of ``count`` Gaussians from consecutive ``parts``, one part in memory at a
-    time (a distributed run streams its shards); ``up`` in its header."""
+    time (a distributed run streams its shards); ``up`` and ``antialiased`` (the parts'
+    render mode) in its header."""
     properties = ply_properties()
     header = ("ply\nformat binary_little_endian 1.0\n"
-              + "".join(f"comment {line}\n" for line in _up_comments(up))
+              + "".join(f"comment {line}\n" for line in _comments(up, antialiased))
               + f"element vertex {count}\n"
               + "".join(f"property float {name}\n" for name in properties) + "end_header\n")
     written = 0
@@ -66,12 +77,27 @@ def write_ply_parts(parts: Iterable[GaussianModel], count: int, path: str | Path
             raise ValueError(f"write_ply_parts: {written} Gaussians written, {count} announced")
 
 
-def _up_comments(up: np.ndarray | None) -> list[str]:
-    """The header comment recording ``up`` (none without it), its numbers as Python
-    writes floats, so that they read back exactly."""
-    if up is None:
-        return []
-    return [UP_COMMENT + "".join(f" {float(value)!r}" for value in up)]
+def _comments(up: np.ndarray | None, antialiased: bool) -> list[str]:
+    """The header comments: ``up`` (none without it), its numbers as Python writes
+    floats, so that they read back exactly; the render mode of an anti-aliased model."""
+    comments = [] if up is None else [UP_COMMENT + "".join(f" {float(v)!r}" for v in up)]
+    return comments + ([ANTIALIASED_COMMENT] if antialiased else [])
+
+
+def recorded_antialiased(comments: list[str], path: str | Path) -> bool:
+    """Whether a PLY's header ``comments`` say its splats are anti-aliased (the last
+    comment that says either way holds; none: not anti-aliased)."""
+    antialiased = False
+    for comment in comments:
+        words = comment.split()
+        meanings = RENDER_MODE_COMMENTS.get(words[0]) if words else None
+        if meanings is None:
+            continue
+        if len(words) != 2 or words[1] not in meanings:
+            raise DataError(f"{path}: its header's 'comment {comment}' is no render mode this "
+                            f"reads ({words[0]} {' or '.join(meanings)})")
+        antialiased = meanings[words[1]]
+    return antialiased
 
 
 def recorded_up(path: str | Path) -> np.ndarray | None:
@@ -119,12 +145,15 @@ def read_ply(path: str | Path, dtype: torch.dtype = torch.float32) -> GaussianMo
                             "model file is read as a PLY unless its name ends in .splat or "
                             ".spz)")
     try:
-        vertex = PlyData.read(str(path))["vertex"]
+        data = PlyData.read(str(path))
+        vertex = data["vertex"]
     except PlyParseError as error:  # its messages say where and what
         raise DataError(f"{path}: not a 3DGS PLY file ({error})") from None
     except Exception as error:  # KeyError (no vertex element), ValueError...
         raise DataError(f"{path}: not a 3DGS PLY file ({type(error).__name__}: {error})") from None
-    return usable_model(_model_of(vertex, path, dtype), path)
+    model = _model_of(vertex, path, dtype)
+    model.antialiased = recorded_antialiased(data.comments, path)
+    return usable_model(model, path)
 
 
 def existing_file(path: str | Path) -> Path:

@@ -7,11 +7,19 @@ two differ by a half turn about x, (x, y, z) -> (x, -y, -z), which we apply
 before packing (and after unpacking: it is its own inverse): centres and
 quaternions' y and z change sign, and each spherical-harmonic coefficient
 changes sign with the parity of its basis function in y and z.
+
+An anti-aliased model sets the header's flag the format defines for it
+(``FLAG_ANTIALIASED`` of nianticlabs/spz's ``PackedGaussiansHeader.flags``), which
+gsply neither writes nor reads: we set it in the file gsply packed, and read it
+from the header ourselves.
 """
 
 from __future__ import annotations
 
+import gzip
 import math
+import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -31,12 +39,18 @@ HALF_TURN_SH_SIGNS = np.array([-1, -1, 1,
                                -1, 1, -1, -1, 1, -1, 1], dtype=np.float32)
 FLIP = np.array([1.0, -1.0, -1.0], dtype=np.float32)  # the half turn on centres
 QUAT_FLIP = np.array([1.0, 1.0, -1.0, -1.0], dtype=np.float32)  # and on wxyz quaternions
+# The header every version begins with (version 4 adds to it, uncompressed; earlier
+# versions are gzipped whole): magic, version, count, SH degree, fractional bits, flags.
+HEADER = struct.Struct("<IIIBBB")
+MAGIC = 0x5053474E  # "NGSP"
+FLAGS_AT = 14       # the flags byte's offset in the header
+FLAG_ANTIALIASED = 0x1
 
 
 def write_spz(model: GaussianModel, path: str | Path) -> None:
     """``model`` as an .spz file at ``path`` (at the SH degree it uses), written atomically.
     Its centres are fixed point with as many fractional bits (up to 12) as their
-    largest coordinate leaves."""
+    largest coordinate leaves; its header flags it anti-aliased where it is."""
     from gsply import GSData
     from gsply.spz import write_spz as pack
 
@@ -51,11 +65,21 @@ def write_spz(model: GaussianModel, path: str | Path) -> None:
     bits = fractional_bits(float(np.abs(p["means"]).max()), path)
     with atomic_path(path) as tmp:
         pack(tmp, data, version=SPZ_VERSION, fractional_bits=bits)
+        if model.antialiased:
+            _flag_antialiased(tmp)
+
+
+def _flag_antialiased(path: Path) -> None:
+    """Set the anti-aliased flag in the header of the gzipped (version 3) file at
+    ``path``."""
+    raw = bytearray(gzip.decompress(path.read_bytes()))
+    raw[FLAGS_AT] |= FLAG_ANTIALIASED
+    path.write_bytes(gzip.compress(bytes(raw), mtime=0))
 
 
 def read_spz(path: str | Path, dtype: torch.dtype = torch.float32) -> GaussianModel:
     """An .spz file's Gaussians (any version gsply reads), in our axes, within the
-    format's quantisation."""
+    format's quantisation, anti-aliased where its header's flag says."""
     from gsply.spz import read_spz as unpack
 
     path = existing_file(path)
@@ -75,8 +99,21 @@ def read_spz(path: str | Path, dtype: torch.dtype = torch.float32) -> GaussianMo
                           log_scales=as_tensor(data.scales),
                           opacity_logits=as_tensor(data.opacities).reshape(n),
                           sh0=as_tensor(data.sh0).reshape(n, 1, 3),
-                          shN=as_tensor(shN), sh_degree=round(math.sqrt(rest + 1)) - 1)
+                          shN=as_tensor(shN), sh_degree=round(math.sqrt(rest + 1)) - 1,
+                          antialiased=bool(_header_flags(path) & FLAG_ANTIALIASED))
     return usable_model(model, path)
+
+
+def _header_flags(path: Path) -> int:
+    """The flags byte of the header of the .spz file at ``path`` (one gsply has read)."""
+    with open(path, "rb") as handle:
+        start = handle.read(4096)
+    if start[:2] == b"\x1f\x8b":  # versions 1 to 3: the header is gzipped with the rest
+        start = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS).decompress(start, HEADER.size)
+    if len(start) < HEADER.size or HEADER.unpack_from(start)[0] != MAGIC:
+        raise DataError(f"{path}: not a readable .spz file (its header is cut short)")
+    return start[FLAGS_AT]
+
 
 
 def fractional_bits(largest: float, path: str | Path) -> int:
