@@ -10,7 +10,7 @@ import torch
 from splatscale.data.cameras import Camera
 from splatscale.data.scene import (Distortion, Scene, View, check_cameras,
                                    check_missing_images, check_unique_names, finite_points)
-from splatscale.data.undistort import PINHOLE_MODELS, pinhole_K, undistorted_pinhole
+from splatscale.data.undistort import ideal_K, resampled_camera
 from splatscale.errors import DataError
 
 
@@ -29,19 +29,24 @@ def find_image_dir(root: Path, sparse: Path) -> Path:
     raise DataError(f"{root}: no images folder next to the COLMAP model")
 
 
-def _view(image, intrinsics, path: Path) -> View:
+def _view(image, intrinsics, path: Path, sparse: Path) -> View:
     model = intrinsics.model.name
     params = tuple(float(p) for p in intrinsics.params)
-    distortion = None
-    if model in PINHOLE_MODELS:
-        K, width, height = pinhole_K(model, params), intrinsics.width, intrinsics.height
+    distortion, ideal = None, ideal_K(model, params)
+    if ideal is not None:
+        (K, kind), width, height = ideal, intrinsics.width, intrinsics.height
     else:
         distortion = Distortion(model, params, intrinsics.width, intrinsics.height)
-        K_np, width, height = undistorted_pinhole(distortion)
+        try:
+            K_np, width, height, kind = resampled_camera(distortion)
+        except ValueError as error:
+            raise DataError(f"{sparse}: camera {intrinsics.camera_id} of {image.name}: "
+                            f"{error}") from None
         K = torch.from_numpy(K_np)
     pose = image.cam_from_world()
     camera = Camera.from_pose(torch.from_numpy(pose.rotation.matrix()),
-                              torch.from_numpy(pose.translation), K, width, height, image.name)
+                              torch.from_numpy(pose.translation), K, width, height, image.name,
+                              kind)
     return View(camera, path, distortion)
 
 
@@ -66,7 +71,7 @@ def read_colmap(root: str | Path, skip_missing_images: bool = False) -> Scene:
     present = [(image_dir / im.name).is_file() for im in images]
     missing = [im.name for im, here in zip(images, present) if not here]
     check_missing_images(missing, len(images), sparse, skip_missing_images)
-    views = [_view(im, recon.cameras[im.camera_id], image_dir / im.name)
+    views = [_view(im, recon.cameras[im.camera_id], image_dir / im.name, sparse)
              for im, here in zip(images, present) if here]
     check_unique_names(views, sparse)
     check_cameras(views, sparse)

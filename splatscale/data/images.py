@@ -127,7 +127,7 @@ class ImageStore:
         K = camera.K.clone()
         K[0] *= width / camera.width
         K[1] *= height / camera.height
-        return Camera(camera.viewmat, K, width, height, camera.name)
+        return Camera(camera.viewmat, K, width, height, camera.name, camera.model)
 
     def __len__(self) -> int:
         return len(self._cameras)
@@ -181,6 +181,8 @@ class ImageStore:
             numbers = torch.cat([camera.viewmat.flatten(), camera.K.flatten()]).double()
             digest.update(f"{camera.name}:{camera.width}x{camera.height}:"
                           f"{view.image_path.stat().st_size}:".encode())
+            if camera.model != "pinhole":  # pinhole scenes' fingerprints as they were
+                digest.update(f"{camera.model}:".encode())
             digest.update(numbers.mul(1e6).round().numpy().tobytes())
         return digest.hexdigest()
 
@@ -215,7 +217,8 @@ class ImageStore:
         key = f"{camera.name}\0{stat.st_size}\0{stat.st_mtime_ns}"
         name = hashlib.sha1(key.encode()).hexdigest()[:16]
         bg = "".join(f"{round(c * 255):02x}" for c in self.background)
-        return self.cache_dir / f"{camera.width}x{camera.height}_{bg}" / f"{name}.{kind}"
+        model = "" if camera.model == "pinhole" else f"_{camera.model}"
+        return self.cache_dir / f"{camera.width}x{camera.height}_{bg}{model}" / f"{name}.{kind}"
 
     def _needs_work(self, index: int) -> bool:
         """Whether the image is undistorted or resized (and so cached) before use."""
@@ -232,7 +235,8 @@ class ImageStore:
         if view.distortion is not None:
             try:
                 image = undistort_image(image, view.distortion, view.camera.K.numpy(),
-                                        view.camera.width, view.camera.height)
+                                        view.camera.width, view.camera.height,
+                                        view.camera.model)
             except ValueError as error:
                 raise DataError(f"{view.image_path}: {error}") from None
         elif image.shape[:2] != (view.camera.height, view.camera.width):

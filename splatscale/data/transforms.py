@@ -13,7 +13,7 @@ from PIL import Image
 from splatscale.data.cameras import Camera
 from splatscale.data.scene import (Distortion, Scene, View, check_cameras,
                                    check_missing_images, check_unique_names, finite_points)
-from splatscale.data.undistort import undistorted_pinhole
+from splatscale.data.undistort import resampled_camera
 from splatscale.errors import DataError
 
 SPLIT_FILES = ("transforms_train.json", "transforms_val.json", "transforms_test.json")
@@ -128,12 +128,17 @@ def _view(meta: dict, frame: dict, path: Path, source: Path) -> View:
     fx, fy, cx, cy, width, height, k, model = _intrinsics(meta, frame, path, where)
     viewmat = torch.from_numpy(_world_to_camera(frame, where))
     distortion = _distortion(fx, fy, cx, cy, width, height, k, model)
-    if distortion is None:
+    if distortion is None:  # nerfstudio's OPENCV_FISHEYE without k1..k4 is equidistant
         K = torch.tensor([[fx, 0, cx], [0, fy, cy], [0, 0, 1]], dtype=torch.float64)
+        kind = "fisheye" if model == "OPENCV_FISHEYE" else "pinhole"
     else:
-        K_np, width, height = undistorted_pinhole(distortion)
+        try:
+            K_np, width, height, kind = resampled_camera(distortion)
+        except ValueError as error:
+            raise DataError(f"{where}: {error}") from None
         K = torch.from_numpy(K_np)
-    return View(Camera(viewmat, K, width, height, str(frame["file_path"])), path, distortion)
+    camera = Camera(viewmat, K, width, height, str(frame["file_path"]), kind)
+    return View(camera, path, distortion)
 
 
 def _read_ply_points(path: Path) -> tuple[np.ndarray, np.ndarray]:
