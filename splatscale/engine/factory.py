@@ -69,4 +69,5 @@ def shard_of(model: GaussianModel, rank: int, world: int) -> GaussianModel:
     """Rank ``rank``'s even share of ``model``'s rows, copied."""
     rows = shard_rows(len(model), rank, world)
     return GaussianModel(**{n: t.detach()[rows].clone() for n, t in model.parameters().items()},
-                         sh_degree=model.sh_degree, keys=model.keys[rows].clone())
+                         sh_degree=model.sh_degree, keys=model.keys[rows].clone(),
+                         antialiased=model.antialiased)

@@ -155,13 +155,15 @@ def rows_state(rows: Rows) -> EngineState:
 
 def load_rows_state(rows: Rows, state: EngineState, home: torch.device | None = None) -> None:
     """Take ``state``'s rows as the master rows, stored on ``home`` (the rows'
-    device by default)."""
+    device by default). How they render (``GaussianModel.antialiased``) is the run's,
+    which the rows already have: the state holds numbers only."""
     home = rows.device if home is None else home
 
     def placed(tensors: dict[str, Tensor]) -> dict[str, Tensor]:
         return {n: t.to(home, copy=True) for n, t in tensors.items()}
     model = GaussianModel(**placed(state["model"]), sh_degree=state["sh_degree"],
-                          keys=state["keys"].to(home, copy=True))
+                          keys=state["keys"].to(home, copy=True),
+                          antialiased=rows.row_set.model.antialiased)
     rows.row_set = RowSet(model, {kind: placed(state["optimizer"][kind]) for kind in MOMENTS},
                           placed(state["stats"]), state["densify_events"])
     rows.optimizer.load_state_dict(state["optimizer"])

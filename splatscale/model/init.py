@@ -26,12 +26,13 @@ def nearest_neighbour_scales(points: np.ndarray, k: int = 3) -> np.ndarray:
 
 def init_from_points(points: np.ndarray, colors: np.ndarray,
                      dtype: torch.dtype = torch.float32, opacity: float = INITIAL_OPACITY,
-                     scale: float = 1.0) -> GaussianModel:
+                     scale: float = 1.0, antialiased: bool = False) -> GaussianModel:
     """Isotropic Gaussians at the points, sized by their 3 nearest neighbours times
     ``scale``.
 
     ``colors`` are RGB in [0, 1] (float) or 0..255 (uint8). Rotation identity,
-    ``opacity`` (3DGS: 0.1), SH degree 0 from the colours.
+    ``opacity`` (3DGS: 0.1), SH degree 0 from the colours; rendered anti-aliased
+    where ``antialiased`` says.
     """
     points = np.asarray(points, dtype=np.float64)
     if points.ndim != 2 or points.shape[1] != 3 or len(points) == 0:
@@ -52,6 +53,7 @@ def init_from_points(points: np.ndarray, colors: np.ndarray,
         sh0=as_tensor((rgb - 0.5) / SH_C0)[:, None, :],
         shN=torch.zeros((n, SH_REST, 3), dtype=dtype),
         sh_degree=0,
+        antialiased=antialiased,
     )
 
 

@@ -95,7 +95,8 @@ class OffloadedRows:
         sources = ValueSources(rows, ahead, self.transfers.upload)
         sent = self._send(sources.fresh_rows, EXACT_TEST).ready()
         tested = sources.taken(sent)
-        seen = visibility(SimpleNamespace(**tested), cameras)
+        antialiased = self.row_set.model.antialiased  # the exact test is the model's
+        seen = visibility(SimpleNamespace(**tested, antialiased=antialiased), cameras)
         rest = self._send(sources.fresh_rows, REST)
         self.ahead = self._look_ahead()  # its cull queued behind the test
         kept = seen.visible.any(dim=0).nonzero()[:, 0]
@@ -107,7 +108,8 @@ class OffloadedRows:
         measured = {"host_to_device_bytes": sent_bytes,
                     "candidates": len(rows), "visible": len(kept),
                     "sent_a_step_early": int(sources.early[kept_rows].sum())}
-        model = GaussianModel(**values, sh_degree=self.row_set.model.sh_degree)
+        model = GaussianModel(**values, sh_degree=self.row_set.model.sh_degree,
+                              antialiased=antialiased)
         return WorkingSet(rows[kept_rows], model.requires_grad_(True), seen.of_gaussians(kept),
                           measured)
 
