@@ -230,15 +230,17 @@ def gsplat_kernel_boxes(radii, means2d, conics, opacities, width: int, height: i
     """gsplat 1.5.3's CUDA visibility rule (ProjectionEWA3DGSPacked.cu), which its
     torch reference lacks, applied to that reference's geometry: cull opacity below
     1/255; per-axis box of min(3.33, sqrt(2 ln(255 opacity))) sigmas; the image test.
-    Returns (unrounded box half-extents [C, N, 2], visible [C, N])."""
+    ``opacities`` [N], or [C, N] where they depend on the camera (times an anti-aliased
+    splat's compensation). Returns (unrounded box half-extents [C, N, 2], visible [C, N])."""
+    opacities = opacities.expand(radii.shape[:-1])
     a, b, c = conics.unbind(-1)
     det = a * c - b * b
     sigma = torch.sqrt(torch.stack([c / det, a / det], dim=-1))  # of the 2D covariance
     sigmas = torch.sqrt(2 * torch.log(opacities * 255)).clamp(max=3.33)
-    exact = sigmas[None, :, None] * sigma
+    exact = sigmas[..., None] * sigma
     box = torch.ceil(exact)
     # The reference's radii > 0: a valid projection whose 3.33-sigma box meets the image.
-    visible = ((radii > 0).all(dim=-1) & (opacities >= 1 / 255)[None] & (box > 0).any(dim=-1)
+    visible = ((radii > 0).all(dim=-1) & (opacities >= 1 / 255) & (box > 0).any(dim=-1)
                & (means2d + box > 0).all(dim=-1) & (means2d[..., 0] - box[..., 0] < width)
                & (means2d[..., 1] - box[..., 1] < height))
     return exact, visible

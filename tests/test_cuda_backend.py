@@ -82,18 +82,24 @@ def isect_tiles(means2d, radii, depths, tile_size, tiles_x, tiles_y):
 
 
 def fully_fused_projection(means, covars, quats, scales, viewmats, Ks, width, height, eps2d,
-                           near_plane, far_plane, packed, opacities):
+                           near_plane, far_plane, packed, calc_compensations, camera_model,
+                           opacities):
     """gsplat's packed projection: its torch reference, with its CUDA kernel's
-    visibility rule (``gsplat_kernel_boxes``), packed camera-major."""
+    visibility rule (``gsplat_kernel_boxes``, of the opacities times the compensations
+    where it computes them, as the kernel does), packed camera-major."""
     from gsplat.cuda import _torch_impl
     assert covars is None and packed
     covars, _ = _torch_impl._quat_scale_to_covar_preci(quats, scales, compute_preci=False)
-    radii, means2d, depths, conics, _ = _torch_impl._fully_fused_projection(
-        means, covars, viewmats, Ks, width, height, eps2d, near_plane, far_plane)
+    radii, means2d, depths, conics, compensations = _torch_impl._fully_fused_projection(
+        means, covars, viewmats, Ks, width, height, eps2d, near_plane, far_plane,
+        calc_compensations, camera_model)
+    if calc_compensations:
+        opacities = opacities * compensations.detach()
     exact, kept = gsplat_kernel_boxes(radii, means2d, conics, opacities, width, height)
     camera_ids, gaussian_ids = kept.nonzero(as_tuple=True)
     return (torch.zeros_like(camera_ids), camera_ids.int(), gaussian_ids.int(),
-            torch.ceil(exact[kept]).int(), means2d[kept], depths[kept], conics[kept], None)
+            torch.ceil(exact[kept]).int(), means2d[kept], depths[kept], conics[kept],
+            compensations[kept] if calc_compensations else None)
 
 
 def reference_kernels() -> Kernels:

@@ -2,10 +2,15 @@
 
 Stage 1 of the renderer is gsplat's fused projection, packed, with the
 opacity-aware box, and its spherical harmonics; stage 2 its tile intersections
-and compositing. The results are the ``Splats`` and ``RenderOutput`` the cpu
-backend returns, with gsplat's conventions, which the cpu backend follows
-(``render/conventions.py``). The loss, SSIM, Adam's step and the pixels' floats
-are torch operations; the device's memory, streams and events are CUDA's.
+and compositing. A fisheye camera is projected with gsplat's
+``camera_model="fisheye"``; an anti-aliased model (``GaussianModel.antialiased``)
+with ``calc_compensations=True``, each splat's opacity then multiplied by its
+compensation (gsplat's ``rasterize_mode="antialiased"``: its kernel's cull and
+box already take the opacity times the compensation). The results are the
+``Splats`` and ``RenderOutput`` the cpu backend returns, with gsplat's
+conventions, which the cpu backend follows (``render/conventions.py``). The
+loss, SSIM, Adam's step and the pixels' floats are torch operations; the
+device's memory, streams and events are CUDA's.
 
 A band of rows ``[y0, y1)`` is rendered by moving the splats up by ``y0`` and
 rendering an image ``y1 - y0`` rows high: a pixel's value depends only on the
@@ -90,13 +95,14 @@ def load_kernels() -> Kernels:
     return kernels
 
 
-def _runs_of_equal_size(cameras: Sequence[Camera]) -> list[tuple[int, int]]:
-    """[start, end) runs of consecutive cameras with one image size (gsplat projects a
-    batch of cameras into one width and height)."""
+def _runs_of_one_kind(cameras: Sequence[Camera]) -> list[tuple[int, int]]:
+    """[start, end) runs of consecutive cameras with one image size and one projection
+    (gsplat projects a batch of cameras into one width, height and camera model)."""
+    def kind(camera: Camera) -> tuple[int, int, str]:
+        return camera.width, camera.height, camera.model
     runs, start = [], 0
     for i in range(1, len(cameras) + 1):
-        if i == len(cameras) or (cameras[i].width, cameras[i].height) != (
-                cameras[start].width, cameras[start].height):
+        if i == len(cameras) or kind(cameras[i]) != kind(cameras[start]):
             runs.append((start, i))
             start = i
     return runs
@@ -104,26 +110,31 @@ def _runs_of_equal_size(cameras: Sequence[Camera]) -> list[tuple[int, int]]:
 
 def project(model: GaussianModel, cameras: Sequence[Camera], kernels: Kernels) -> Splats:
     """``render.project`` by gsplat's packed projection: it decides visibility itself
-    (the rule ``projection.visibility`` follows), so no precomputed test is taken."""
+    (the rule ``projection.visibility`` follows), so no precomputed test is taken.
+    An anti-aliased model's splats have their opacities times their compensations."""
     viewmats, Ks, _ = camera_tensors(cameras, model.means)
     scales, opacities = model.scales, model.opacities
-    parts = []
-    for start, end in _runs_of_equal_size(cameras):
-        _, camera_ids, gaussian_ids, radii, means2d, depths, conics, _ = (
+    parts, compensations = [], []
+    for start, end in _runs_of_one_kind(cameras):
+        _, camera_ids, gaussian_ids, radii, means2d, depths, conics, compensation = (
             kernels.fully_fused_projection(
                 model.means, None, model.quats, scales, viewmats[start:end], Ks[start:end],
                 cameras[start].width, cameras[start].height, eps2d=EPS2D,
                 near_plane=NEAR_PLANE, far_plane=FAR_PLANE, packed=True,
+                calc_compensations=model.antialiased, camera_model=cameras[start].model,
                 opacities=opacities.detach()))
         parts.append((camera_ids.long() + start, gaussian_ids.long(), radii, means2d, depths,
                       conics))
+        compensations.append(compensation)
     camera_ids, gaussian_ids, radii, means2d, depths, conics = (
         torch.cat(column) for column in zip(*parts))
+    splat_opacities = opacities.index_select(0, gaussian_ids)
+    if model.antialiased:
+        splat_opacities = splat_opacities * torch.cat(compensations)
     offsets = camera_offsets(camera_ids, len(cameras)).tolist()
     return Splats(camera_ids, gaussian_ids, means2d, conics, depths, radii,
                   _colors(model, viewmats, camera_ids, gaussian_ids, kernels),
-                  opacities.index_select(0, gaussian_ids), model.keys[gaussian_ids], offsets,
-                  list(cameras))
+                  splat_opacities, model.keys[gaussian_ids], offsets, list(cameras))
 
 
 def _colors(model: GaussianModel, viewmats: Tensor, camera_ids: Tensor, gaussian_ids: Tensor,
