@@ -62,8 +62,9 @@ class Backend:
       gradient in ``image`` the signs;
     - ``squared_error_sum(image, target) -> float``: sum (clamp(image, 0, 1) -
       target)^2, accumulated in float64 (PSNR's);
-    - ``ssim(image, target, rows, count) -> Tensor``: the SSIM map summed over rows
-      ``[r0, r1)`` and divided by ``count``, differentiable in ``image``.
+    - ``ssim(image, target, rows, count, weights) -> Tensor``: the SSIM map summed over
+      rows ``[r0, r1)`` (each pixel's values times its weight in ``weights`` [h, W], or
+      None: 1) and divided by ``count``, differentiable in ``image``.
 
     The rest:
 
@@ -85,7 +86,7 @@ class Backend:
     composite: Callable[..., tuple[Tensor, Tensor, Tensor]]
     abs_difference_sum: Callable[[Tensor, Tensor], Tensor]
     squared_error_sum: Callable[[Tensor, Tensor], float]
-    ssim: Callable[[Tensor, Tensor, tuple[int, int], int], Tensor]
+    ssim: Callable[[Tensor, Tensor, tuple[int, int], int, Tensor | None], Tensor]
     adam_step: Callable[[Tensor, Tensor, Tensor, Tensor, float, float, float, float, float],
                         None]
     pixels_as_float: Callable[[Tensor, torch.dtype], Tensor]

@@ -49,7 +49,7 @@ class DeviceImages:
         only those rows are read; otherwise the image is kept whole, as ``target``
         keeps it, for the bands of the steps to come."""
         camera = view.camera
-        pixel_bytes = 3 * camera.width * camera.height
+        pixel_bytes = (4 if view.masked else 3) * camera.width * camera.height
         if self.backend.shares_host_memory or (
                 camera.name not in self.kept
                 and self.kept_bytes + pixel_bytes > self._budget()):

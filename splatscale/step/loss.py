@@ -91,13 +91,54 @@ def photometric_loss(image: Tensor, target: Tensor, ssim_weight: float = 0.2,
     [r0, r1) of ``image`` (the rows around them are halo, read by SSIM's window
     only), of a whole image of ``count`` elements: summed over the bands that
     tile an image, these shares are the whole image's loss.
+
+    A ``target`` of four channels carries a mask in the fourth (1: train, 0: ignore):
+    the loss is then taken over the masked-in pixels alone (``count``: the whole
+    image's masked-in elements, 3 per pixel; by default the band's own), and what
+    the target holds under the mask has no influence on it (``masked_pair``).
     """
     rows = rows or (0, image.shape[0])
-    own = (rows[1] - rows[0]) * image.shape[1] * image.shape[2]
-    count = count or own
-    l1 = abs_difference_sum(image[rows[0]:rows[1]], target[rows[0]:rows[1]]) / count
+    colours, mask = split_mask(target)
+    if mask is None:
+        own: Tensor | int = (rows[1] - rows[0]) * image.shape[1] * image.shape[2]
+    else:
+        image, colours = masked_pair(image, colours, mask)
+        own = 3 * mask[rows[0]:rows[1]].sum()
+    count = count or int(own)
+    l1 = abs_difference_sum(image[rows[0]:rows[1]], colours[rows[0]:rows[1]]) / count
     # The band's share of the constant 1 in (1 - SSIM) is own / count.
-    return (1 - ssim_weight) * l1 + ssim_weight * (own / count - ssim(image, target, rows, count))
+    return (1 - ssim_weight) * l1 + ssim_weight * (own / count
+                                                   - ssim(image, colours, rows, count, mask))
+
+
+def split_mask(target: Tensor) -> tuple[Tensor, Tensor | None]:
+    """A target's colours [h, W, 3] and its mask [h, W] (1 train, 0 ignore), None where
+    it has none (three channels)."""
+    if target.shape[-1] == 3:
+        return target, None
+    return target[..., :3], target[..., 3]
+
+
+def masked_pair(image: Tensor, colours: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """``image`` and ``colours`` where the mask is 1; where it is 0, both the image,
+    detached. So an SSIM window that straddles the mask's edge reads the render, not
+    the photo, under the mask, the L1 term is zero there, and no gradient flows to a
+    masked-out pixel."""
+    inside = mask[..., None] > 0
+    rendered = image.detach()
+    return (torch.where(inside, image, rendered),
+            torch.where(inside, colours.to(image.dtype), rendered))
+
+
+def masked_squared_error_sum(image: Tensor, target: Tensor) -> float:
+    """``squared_error_sum`` over the masked-in pixels of a four-channel target (all of
+    them for three channels)."""
+    colours, mask = split_mask(target)
+    if mask is None:
+        return squared_error_sum(image, target)
+    inside = mask[..., None].to(image.dtype)
+    # A masked-out pixel is clamp(0) - 0; a masked-in one is itself (times 1).
+    return squared_error_sum(image * inside, colours.to(image.dtype) * inside)
 
 
 def squared_error_sum(image: Tensor, target: Tensor) -> float:
@@ -122,5 +163,8 @@ def psnr_of(squared_error: float, count: int) -> float:
 
 
 def psnr(image: Tensor, target: Tensor) -> float:
-    """PSNR of ``image`` clamped to [0, 1] against ``target``."""
-    return psnr_of(squared_error_sum(image, target), image.numel())
+    """PSNR of ``image`` clamped to [0, 1] against ``target`` (over its masked-in pixels
+    where it has a mask: ``photometric_loss``)."""
+    _, mask = split_mask(target)
+    count = image.numel() if mask is None else 3 * int(mask.sum())
+    return psnr_of(masked_squared_error_sum(image, target), count)

@@ -84,12 +84,23 @@ def _blur_down(across, y, taps, out):  # pragma: no cover - compiled
             out[p, x] = total
 
 
+@nb.njit(inline="always")
+def _weighted(weights, y, x, value):  # pragma: no cover - compiled
+    """``value`` times the weight of value x of row y; ``value`` itself where there are
+    no weights (a branch numba prunes when it compiles for None)."""
+    if weights is None:
+        return value
+    return weights[y, x] * value
+
+
 @nb.njit(parallel=True, fastmath=True, cache=True)
-def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n,
+def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n, weights,
                          grad_a):  # pragma: no cover - compiled
     """SSIM of images a, b [H, W C] (channels interleaved, ``step`` = C) summed over
     rows [row0, row1) and divided by n, and its gradient w.r.t. a (into grad_a). The
-    mean is rows (0, H), n = C H W.
+    mean is rows (0, H), n = C H W. ``weights`` [H, W C] weighs each value of the map
+    in the sum, or is None: every value weighs 1 (numba compiles that case apart, as
+    the code without weights).
 
     With mu = G*a, E_aa = G*(a a), E_ab = G*(a b) (G the window) the map is
     S = (2 mu_a mu_b + c1)(2 (E_ab - mu_a mu_b) + c2) / (D1 D2), and
@@ -133,11 +144,12 @@ def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n,
                 den2 = e_aa - mu_a * mu_a + e_bb - mu_b * mu_b + c2
                 inv = 1 / (den1 * den2)
                 s = num1 * num2 * inv
-                total += s
-                partials[0, x] = (2 * mu_b * (num2 - num1) * inv
-                                  - 2 * mu_a * s * (1 / den1 - 1 / den2)) / n
-                partials[1, x] = -s / den2 / n
-                partials[2, x] = 2 * num1 * inv / n
+                total += _weighted(weights, y, x, s)
+                partials[0, x] = _weighted(weights, y, x,
+                                           (2 * mu_b * (num2 - num1) * inv
+                                            - 2 * mu_a * s * (1 / den1 - 1 / den2)) / n)
+                partials[1, x] = _weighted(weights, y, x, -s / den2 / n)
+                partials[2, x] = _weighted(weights, y, x, 2 * num1 * inv / n)
         row_sums[y] = total
         for p in range(3):
             _blur_along(partials[p], taps, step, padded, partials_across[p, RADIUS + y])
@@ -151,44 +163,55 @@ def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n,
 
 class _CpuSsim(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, image: Tensor, target: Tensor, rows: tuple[int, int], count: int) -> Tensor:
+    def forward(ctx, image: Tensor, target: Tensor, rows: tuple[int, int], count: int,
+                weights: Tensor | None) -> Tensor:
         height, width, channels = image.shape
         a = image.detach().contiguous()
         b = target.detach().to(a.dtype).contiguous()
         grad = torch.empty_like(a)
         scalar = a.numpy().dtype.type
+        per_value = None if weights is None else (
+            weights.detach().to(a.dtype)[..., None].expand(a.shape).contiguous().numpy()
+            .reshape(height, -1))
         value = _ssim_value_and_grad(
             a.numpy().reshape(height, width * channels), b.numpy().reshape(height, -1),
             gaussian_taps(a.dtype).numpy(), channels, scalar(C1), scalar(C2), rows[0], rows[1],
-            scalar(count), grad.numpy().reshape(height, -1))
+            scalar(count), per_value, grad.numpy().reshape(height, -1))
         ctx.save_for_backward(grad)
         return torch.tensor(value, dtype=a.dtype)
 
     @staticmethod
     def backward(ctx, grad_output: Tensor):
         (grad,) = ctx.saved_tensors
-        return grad_output * grad, None, None, None
+        return grad_output * grad, None, None, None, None
 
 
 def ssim(image: Tensor, target: Tensor, rows: tuple[int, int] | None = None,
-         count: int | None = None) -> Tensor:
+         count: int | None = None, weights: Tensor | None = None) -> Tensor:
     """Mean SSIM of [h, W, 3] images, differentiable in ``image``.
 
     With ``rows`` (r0, r1), the SSIM map summed over those rows only and divided
     by ``count``: a band of an image rendered with halo rows around it (whose
     pixels feed the window but are another band's) contributes its share of the
     whole image's mean, taking ``count`` = the whole image's element count.
+    ``weights`` [h, W] weighs each pixel's map values in that sum (a mask: 1 where a
+    window's centre counts, 0 where it does not); None: every one weighs 1.
     """
     rows = rows or (0, image.shape[0])
     count = count or (rows[1] - rows[0]) * image.shape[1] * image.shape[2]
-    return backend_for(image.device).ssim(image, target, rows, count)
+    return backend_for(image.device).ssim(image, target, rows, count, weights)
 
 
-def ssim_cpu(image: Tensor, target: Tensor, rows: tuple[int, int], count: int) -> Tensor:
+def ssim_cpu(image: Tensor, target: Tensor, rows: tuple[int, int], count: int,
+             weights: Tensor | None = None) -> Tensor:
     """``ssim`` by the fused numba kernel (CPU tensors)."""
-    return _CpuSsim.apply(image, target, rows, count)
+    return _CpuSsim.apply(image, target, rows, count, weights)
 
 
-def ssim_torch(image: Tensor, target: Tensor, rows: tuple[int, int], count: int) -> Tensor:
+def ssim_torch(image: Tensor, target: Tensor, rows: tuple[int, int], count: int,
+               weights: Tensor | None = None) -> Tensor:
     """``ssim`` in torch operations, on any device."""
-    return ssim_map(image, target)[rows[0]:rows[1]].sum() / count
+    values = ssim_map(image, target)[rows[0]:rows[1]]
+    if weights is not None:
+        values = values * weights[rows[0]:rows[1], :, None].to(values.dtype)
+    return values.sum() / count

@@ -1,0 +1,197 @@
+"""Masks: the loss over masked-in pixels only, on every engine, and nothing under a mask
+reaches training."""
+
+from __future__ import annotations
+
+import numba
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from splatscale.data.images import pixels_as_float
+from splatscale.engine import TrainView
+from splatscale.engine.factory import OffloadOptions, RankOptions, make_engine, shard_of
+from splatscale.engine.state import concat_states
+from splatscale.step.loss import photometric_loss, psnr
+from splatscale.step.ssim import ssim_map
+from splatscale.step.view_loss import band_loss, masked_in_values
+from splatscale.strategy.default import GradientNorms
+from tests.conftest import absgrad_run, densifying_run, densifying_scene, state_by_key
+
+
+def disc_mask(height: int, width: int, dtype=torch.float64) -> torch.Tensor:
+    """[h, W]: 0 in a disc off the centre and in the two left columns, 1 elsewhere."""
+    y, x = torch.meshgrid(torch.arange(height), torch.arange(width), indexing="ij")
+    inside = (y - 0.4 * height) ** 2 + (x - 0.6 * width) ** 2 > (0.25 * height) ** 2
+    inside &= x >= 2
+    return inside.to(dtype)
+
+
+def with_mask(target: torch.Tensor, under: torch.Tensor | None = None) -> torch.Tensor:
+    """``target`` with ``disc_mask`` as its fourth channel; ``under``, where given,
+    replaces its colours under the mask."""
+    mask = disc_mask(*target.shape[:2], dtype=target.dtype)
+    colours = target if under is None else torch.where(mask[..., None] > 0, target, under)
+    return torch.cat([colours, mask[..., None]], dim=-1)
+
+
+def masked_scene(noise: bool) -> tuple[list[TrainView], object]:
+    """``densifying_scene`` with a mask on every view; under it the photo, or noise."""
+    views, model = densifying_scene()
+    generator = torch.Generator().manual_seed(5)
+    masked = []
+    for view in views:
+        under = torch.rand(view.target.shape, generator=generator, dtype=view.target.dtype)
+        masked.append(TrainView(view.camera, with_mask(view.target, under if noise else None)))
+    return masked, model
+
+
+def reference_loss(image, target, mask, ssim_weight=0.2):
+    """The masked loss from its definition: the mean over masked-in pixels of L1, and of
+    SSIM's map where, under the mask, the photo is replaced by the render."""
+    inside = mask[..., None] > 0
+    goal = torch.where(inside, target, image.detach())
+    image = torch.where(inside, image, image.detach())
+    count = 3 * mask.sum()
+    l1 = ((image - goal).abs() * inside).sum() / count
+    dssim = 1 - (ssim_map(image, goal) * inside).sum() / count
+    return (1 - ssim_weight) * l1 + ssim_weight * dssim
+
+
+def test_masked_loss_is_its_definition_and_ignores_what_lies_under_the_mask():
+    torch.manual_seed(0)
+    image = torch.rand(23, 29, 3, dtype=torch.float64, requires_grad=True)
+    target = torch.rand(23, 29, 3, dtype=torch.float64)
+    mask = disc_mask(23, 29)
+    noise = torch.rand(23, 29, 3, dtype=torch.float64)
+    loss = photometric_loss(image, with_mask(target))
+    grad, = torch.autograd.grad(loss, image)
+    want = reference_loss(image, target, mask)
+    want_grad, = torch.autograd.grad(want, image)
+    torch.testing.assert_close(loss, want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-16)
+    assert torch.all(grad[mask == 0] == 0), "no gradient reaches a masked-out pixel"
+    noisy = photometric_loss(image, with_mask(target, noise))
+    assert torch.equal(noisy, loss)
+    assert torch.equal(torch.autograd.grad(noisy, image)[0], grad)
+    # PSNR over the masked-in pixels.
+    inside = mask[..., None].expand(-1, -1, 3) > 0
+    mse = ((image.detach().clamp(0, 1) - target)[inside] ** 2).mean()
+    assert psnr(image.detach(), with_mask(target, noise)) == pytest.approx(
+        float(-10 * torch.log10(mse)), rel=1e-12)
+
+
+def test_masked_band_shares_add_up_to_the_whole_image():
+    torch.manual_seed(1)
+    image = torch.rand(37, 41, 3, dtype=torch.float64, requires_grad=True)
+    target = with_mask(torch.rand(37, 41, 3, dtype=torch.float64))
+    count = masked_in_values(target)
+    assert count == 3 * int(disc_mask(37, 41).sum())
+    whole, whole_error = band_loss(image, target, (0, 37), count, 0.2)
+    total, errors = 0.0, 0.0
+    for y0, y1 in ((0, 9), (9, 30), (30, 37)):
+        lo, hi = max(0, y0 - 5), min(37, y1 + 5)
+        share, error = band_loss(image[lo:hi], target[lo:hi], (y0 - lo, y1 - lo), count, 0.2)
+        total, errors = total + share, errors + error
+    torch.testing.assert_close(total, whole, rtol=1e-12, atol=0)
+    assert errors == pytest.approx(whole_error, rel=1e-12)
+
+
+def test_without_a_mask_the_loss_is_unchanged_bit_for_bit():
+    """A target of three channels takes today's path; a mask of ones gives its value."""
+    torch.manual_seed(2)
+    image = torch.rand(19, 21, 3, dtype=torch.float32, requires_grad=True)
+    target = torch.rand(19, 21, 3, dtype=torch.float32)
+    plain = photometric_loss(image, target)
+    ones = torch.cat([target, torch.ones(19, 21, 1)], dim=-1)
+    torch.testing.assert_close(photometric_loss(image, ones), plain, rtol=1e-6, atol=0)
+    assert masked_in_values(target) == 3 * 19 * 21
+
+
+def one_process_run(views, model, run=densifying_run, **options):
+    engine = make_engine(model.detach(), 2, torch.zeros(3), **options)
+    return run(engine, views), engine.state_dict()
+
+
+@pytest.fixture(scope="module")
+def masked_runs():
+    """One process on the masked scene, clean and noisy under the mask, with the 3DGS
+    statistic and with AbsGS's."""
+    return {(noise, run.__name__): one_process_run(*masked_scene(noise), run)
+            for noise in (False, True) for run in (densifying_run, absgrad_run)}
+
+
+def assert_same_state(got: dict, want: dict, exact: bool) -> None:
+    got, want = state_by_key(got), state_by_key(want)
+    for name in want:
+        if exact:
+            assert torch.equal(got[name], want[name]), name
+        else:
+            torch.testing.assert_close(got[name], want[name], rtol=1e-9, atol=1e-14, msg=name)
+
+
+@pytest.mark.parametrize("run", ["densifying_run", "absgrad_run"])
+def test_noise_under_the_mask_trains_the_same_model(masked_runs, run):
+    clean_losses, clean = masked_runs[(False, run)]
+    noisy_losses, noisy = masked_runs[(True, run)]
+    assert noisy_losses == clean_losses
+    assert len(clean["keys"]) != 60, "densification must have happened"
+    assert_same_state(noisy, clean, exact=True)
+    unmasked_losses, _ = one_process_run(*densifying_scene(), globals()[run])
+    assert unmasked_losses != clean_losses, "the mask must change the run"
+
+
+@pytest.mark.parametrize("forwarding", [False, True])
+def test_offload_with_masks_equals_one_process(masked_runs, forwarding):
+    losses, state = one_process_run(*masked_scene(True), densifying_run,
+                                    offload=OffloadOptions(forwarding=forwarding))
+    want_losses, want = masked_runs[(False, "densifying_run")]
+    assert losses == want_losses
+    assert_same_state(state, want, exact=True)
+
+
+def masked_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    torch.set_num_threads(1)
+    numba.set_num_threads(1)
+    results = {}
+    for noise in (False, True):
+        views, model = masked_scene(noise)
+        for run in (densifying_run, absgrad_run):
+            engine = make_engine(shard_of(model, rank, world), 2, torch.zeros(3),
+                                 ranks=RankOptions(max_imbalance=1.0))
+            losses = run(engine, views)
+            results[(noise, run.__name__)] = (losses, engine.state_dict())
+    # Read as pixels, a rank reading only its rows: the same loss and PSNR.
+    views, model = masked_scene(True)
+    pixels = [(v.target * 255).round().to(torch.uint8) for v in views]
+    read = [TrainView(v.camera, read=lambda rows, p=p: p if rows is None else p[rows[0]:rows[1]],
+                      masked=True) for v, p in zip(views, pixels)]
+    given = [TrainView(v.camera, pixels_as_float(p).double()) for v, p in zip(views, pixels)]
+    steps = [make_engine(shard_of(model, rank, world), 2, torch.zeros(3),
+                         ranks=RankOptions()).forward_backward(batch[:2], GradientNorms())
+             for batch in (read, given)]
+    results["read"] = [(step.loss, step.psnr) for step in steps]
+    dist.barrier()
+    torch.save(results, f"{out_file}.{rank}")
+    dist.destroy_process_group()
+
+
+def test_ranks_with_masks_equal_one_process(masked_runs, tmp_path):
+    world = 2
+    out = tmp_path / "ranks.pt"
+    mp.spawn(masked_rank, args=(world, str(tmp_path / "init"), str(out)), nprocs=world)
+    ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
+    for key, (want_losses, want) in masked_runs.items():
+        losses = ranks[0][key][0]
+        assert losses == pytest.approx(want_losses, rel=1e-9), key
+        assert_same_state(concat_states([r[key][1] for r in ranks]), want, exact=False)
+        noise, run = key
+        if noise:  # and on ranks, noise under the mask changes nothing at all
+            assert ranks[0][key][0] == ranks[0][(False, run)][0], key
+            for r in ranks:
+                assert_same_state(r[key][1], r[(False, run)][1], exact=True)
+    (read_loss, read_psnr), (given_loss, given_psnr) = ranks[0]["read"]
+    assert read_loss == given_loss and read_psnr == given_psnr
