@@ -80,4 +80,4 @@ def read_colmap(root: str | Path, skip_missing_images: bool = False) -> Scene:
     rgb = np.array([p.color for p in points], dtype=np.uint8).reshape(-1, 3)
     if len(xyz) == 0:
         raise DataError(f"{sparse}: the COLMAP model has no 3D points to start from")
-    return Scene(views, *finite_points(xyz, rgb, sparse), root)
+    return Scene(views, *finite_points(xyz, rgb, sparse), root, image_dir=image_dir)

@@ -17,6 +17,7 @@ from splatscale.atomic import atomic_path
 from splatscale.backends import backend_for
 from splatscale.data.cameras import Camera
 from splatscale.data.image_memory import ImageMemory
+from splatscale.data.masks import MaskSource, premultiplied, settled
 from splatscale.data.scene import Scene, View
 from splatscale.data.undistort import undistort_image
 from splatscale.errors import DataError
@@ -92,17 +93,20 @@ class ImageStore:
     as raw files under ``cache_dir`` (``image_memory.py``). ``decode_share`` (r, n):
     ``check`` decodes every n-th image from the r-th and, with n > 1, writes its raw
     file, so that the n ranks of one machine decode the images between them and each
-    reads the others' from the cache they share.
+    reads the others' from the cache they share. ``masks``, where given, says where
+    each image's mask is (``masks.py``): an image is then uint8 [h, W, 4], its mask
+    the fourth channel (255 trains, 0 is ignored), cached and counted with it.
     """
 
     def __init__(self, scene: Scene, resolution: int = 1, max_width: int | None = None,
                  cache_dir: Path | None = None, background=(0.0, 0.0, 0.0),
                  memory_budget: int | None = None,
-                 decode_share: tuple[int, int] = (0, 1), max_pixels: int | None = None
-                 ) -> None:
+                 decode_share: tuple[int, int] = (0, 1), max_pixels: int | None = None,
+                 masks: MaskSource | None = None) -> None:
         if resolution not in (1, 2, 4, 8):
             raise ValueError(f"resolution must be 1, 2, 4 or 8, got {resolution}")
         self.scene = scene
+        self.masks = masks
         red, green, blue = background
         self.background = (float(red), float(green), float(blue))
         self.memory = ImageMemory(memory_budget, self._raw, self._load)
@@ -149,6 +153,8 @@ class ImageStore:
                 try:
                     with Image.open(view.image_path) as image:
                         size = image.size
+                        if self.masks is not None:
+                            self.masks.check(index, image, view.image_path)
                         image.verify()
                 except OSError as error:
                     raise DataError(f"{view.image_path}: not a readable image ({error})"
@@ -201,9 +207,14 @@ class ImageStore:
         """Every image decoded, in bytes."""
         return sum(int(np.prod(self._shape(i))) for i in range(len(self)))
 
+    @property
+    def masked(self) -> bool:
+        """Whether images carry a mask (a fourth channel)."""
+        return self.masks is not None
+
     def _shape(self, index: int) -> tuple[int, int, int]:
         camera = self._cameras[index]
-        return camera.height, camera.width, 3
+        return camera.height, camera.width, 4 if self.masked else 3
 
     def _raw(self, index: int) -> tuple[Path, tuple[int, int, int]]:
         """Where image ``index`` is kept decoded on disk, and its shape."""
@@ -215,6 +226,8 @@ class ImageStore:
         camera, source = self._cameras[index], self.scene.views[index].image_path
         stat = source.stat()
         key = f"{camera.name}\0{stat.st_size}\0{stat.st_mtime_ns}"
+        if self.masks is not None:
+            key += f"\0{self.masks.key(index)}"
         name = hashlib.sha1(key.encode()).hexdigest()[:16]
         bg = "".join(f"{round(c * 255):02x}" for c in self.background)
         model = "" if camera.model == "pinhole" else f"_{camera.model}"
@@ -230,8 +243,8 @@ class ImageStore:
         needs_work = self._needs_work(index)
         cached = self._cache_path(index)
         if needs_work and cached.is_file():
-            return _decode(cached, self.background)
-        image = _decode(view.image_path, self.background)
+            return _decode_cached(cached) if self.masked else _decode(cached, self.background)
+        image = self._decode_source(index)
         if view.distortion is not None:
             try:
                 image = undistort_image(image, view.distortion, view.camera.K.numpy(),
@@ -242,9 +255,12 @@ class ImageStore:
         elif image.shape[:2] != (view.camera.height, view.camera.width):
             image = self._fit(image, view)
         if image.shape[:2] != (camera.height, camera.width):
-            resized = Image.fromarray(image).resize((camera.width, camera.height),
-                                                    Image.Resampling.LANCZOS)
-            image = np.array(resized)
+            image = _resized(image, (camera.width, camera.height))
+        if self.masks is not None:
+            image = settled(image)
+            if not image[..., 3].any():
+                raise DataError(f"{self.masks.what(index, view.image_path)}: the mask "
+                                f"leaves no pixel of {view.image_path} to train on")
         if needs_work:
             write_png(image, cached)
         return image
@@ -253,12 +269,43 @@ class ImageStore:
     def _fit(image: np.ndarray, view: View) -> np.ndarray:
         """An image stored at another size than its camera (same aspect: ``check``)."""
         _check_size(view, (image.shape[1], image.shape[0]))
-        size = (view.camera.width, view.camera.height)
-        return np.array(Image.fromarray(image).resize(size, Image.Resampling.LANCZOS))
+        return _resized(image, (view.camera.width, view.camera.height))
+
+    def _decode_source(self, index: int) -> np.ndarray:
+        """Image ``index`` from its file: RGB, or with a mask ``premultiplied``."""
+        path = self.scene.views[index].image_path
+        if self.masks is None:
+            return _decode(path, self.background)
+        try:
+            with Image.open(path) as image:
+                image.load()
+                return premultiplied(to_rgb8(image, self.background),
+                                     self.masks.read(index, image, path))
+        except OSError as error:
+            raise DataError(f"{path}: not a readable image ({error})") from None
 
     def as_float(self, index: int, rows: tuple[int, int] | None = None,
                  dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return pixels_as_float(self.image(index, rows), dtype)
+
+
+def _resized(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """``image`` resized to ``size`` (Lanczos); a mask (a fourth channel) apart from the
+    colours, since Pillow's RGBA resize would premultiply them by it."""
+    layers = [image[..., :3], image[..., 3]] if image.shape[2] == 4 else [image]
+    resized = [np.array(Image.fromarray(np.ascontiguousarray(layer)).resize(
+        size, Image.Resampling.LANCZOS)) for layer in layers]
+    return resized[0] if len(resized) == 1 else np.concatenate(
+        [resized[0], resized[1][..., None]], axis=2)
+
+
+def _decode_cached(path: Path) -> np.ndarray:
+    """A cached image with its mask: uint8 [h, w, 4] as written."""
+    try:
+        with Image.open(path) as image:
+            return np.array(image.convert("RGBA"), dtype=np.uint8)
+    except OSError as error:
+        raise DataError(f"{path}: not a readable image ({error})") from None
 
 
 def pixels_as_float(pixels: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -32,6 +32,7 @@ class View:
     camera: Camera
     image_path: Path
     distortion: Distortion | None = None
+    mask_path: Path | None = None  # the mask the scene names for it (a frame's mask_path)
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Scene:
     colors: np.ndarray                      # [P, 3] uint8
     source: Path
     background: tuple[float, float, float] = (0.0, 0.0, 0.0)  # the images' own background
+    image_dir: Path | None = None  # where images are named from (COLMAP's images folder)
 
     def split(self, eval_split: bool, every: int = 8) -> tuple[list[int], list[int]]:
         """(train, test) view indices: every ``every``-th view by name is a test view."""

@@ -138,7 +138,17 @@ def _view(meta: dict, frame: dict, path: Path, source: Path) -> View:
             raise DataError(f"{where}: {error}") from None
         K = torch.from_numpy(K_np)
     camera = Camera(viewmat, K, width, height, str(frame["file_path"]), kind)
-    return View(camera, path, distortion)
+    return View(camera, path, distortion, _mask_path(frame, source.parent, where))
+
+
+def _mask_path(frame: dict, base: Path, where: str) -> Path | None:
+    """The frame's ``mask_path`` (nerfstudio's), from the transforms file's folder;
+    read only where masks are asked for."""
+    if "mask_path" not in frame:
+        return None
+    if not isinstance(frame["mask_path"], str) or not frame["mask_path"]:
+        raise DataError(f"{where}: mask_path is not a file name")
+    return base / frame["mask_path"]
 
 
 def _read_ply_points(path: Path) -> tuple[np.ndarray, np.ndarray]:

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from splatscale.messages import notice
-from splatscale.step.loss import psnr
+from splatscale.step.loss import masked_pair, psnr, split_mask
 from splatscale.step.ssim import ssim
 
 _lpips_model = None
@@ -43,13 +43,22 @@ class ImageMetrics:
 
     @torch.no_grad()
     def add(self, image: Tensor, target: Tensor) -> None:
+        """Score ``image`` against ``target``; a target with a mask (a fourth channel,
+        ``step/loss.py``) over its masked-in pixels alone: PSNR's mean and SSIM's over
+        them, SSIM's windows and LPIPS reading the render where the photo is masked."""
         image, target = image.float(), target.float()
         self.scores["psnr"].append(psnr(image, target))
-        self.scores["ssim"].append(ssim(image, target).item())
+        colours, mask = split_mask(target)
+        if mask is None:
+            self.scores["ssim"].append(ssim(image, target).item())
+        else:
+            image, colours = masked_pair(image, colours, mask)
+            self.scores["ssim"].append(
+                ssim(image, colours, count=3 * int(mask.sum()), weights=mask).item())
         model = _lpips()
         if model is not None:
             as_input = lambda t: t.permute(2, 0, 1)[None] * 2 - 1  # noqa: E731
-            value = model(as_input(image), as_input(target)).item()
+            value = model(as_input(image), as_input(colours)).item()
             self.scores.setdefault("lpips", []).append(value)
 
     def summary(self) -> dict[str, float]:

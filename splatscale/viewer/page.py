@@ -206,7 +206,7 @@ class Page:
         store = scenery.store
         camera = store.camera(index)
         split = "test" if index in scenery.test_ids else "training"
-        photo = store.image(index).numpy()
+        photo = store.image(index)[..., :3].numpy()
         rendered = self.exact(camera)
         score = psnr(torch.from_numpy(rendered).float() / 255, store.as_float(index))
         self._show_render(_side_by_side(photo, rendered), "photo | exact render",
@@ -275,7 +275,7 @@ class Page:
                 scale=depth * _frustum_scale(pose), thickness=FRUSTUM_LINE * depth,
                 color=TEST_COLOR if index in scenery.test_ids else TRAIN_COLOR,
                 wxyz=pose.wxyz, position=pose.position,
-                image=_narrowed(scenery.store.image(index).numpy(), THUMBNAIL_WIDTH),
+                image=_narrowed(scenery.store.image(index)[..., :3].numpy(), THUMBNAIL_WIDTH),
                 format="jpeg")
             frustum.on_click(lambda event, index=index: self._look_through(event.client, index))
 
