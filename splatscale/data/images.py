@@ -290,13 +290,15 @@ class ImageStore:
 
 
 def _resized(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """``image`` resized to ``size`` (Lanczos); a mask (a fourth channel) apart from the
-    colours, since Pillow's RGBA resize would premultiply them by it."""
-    layers = [image[..., :3], image[..., 3]] if image.shape[2] == 4 else [image]
-    resized = [np.array(Image.fromarray(np.ascontiguousarray(layer)).resize(
-        size, Image.Resampling.LANCZOS)) for layer in layers]
-    return resized[0] if len(resized) == 1 else np.concatenate(
-        [resized[0], resized[1][..., None]], axis=2)
+    """``image`` resized to ``size`` (Lanczos). An image with a mask (a fourth channel,
+    ``masks.premultiplied``) is resized channel by channel in float32 and not clamped,
+    so that its colours over its mask stay the masked-in pixels' mean even where
+    Lanczos overshoots (and Pillow's RGBA resize would premultiply it again)."""
+    if image.shape[2] == 3:
+        return np.array(Image.fromarray(image).resize(size, Image.Resampling.LANCZOS))
+    return np.stack([np.asarray(Image.fromarray(np.ascontiguousarray(
+        image[..., c], dtype=np.float32)).resize(size, Image.Resampling.LANCZOS))
+        for c in range(4)], axis=-1)
 
 
 def _decode_cached(path: Path) -> np.ndarray:

@@ -136,13 +136,13 @@ def premultiplied(colours: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def settled(image: np.ndarray) -> np.ndarray:
-    """A resampled ``premultiplied`` image back to colours and a mask of 0 and 255: a
-    pixel trains where its resampled mask is at least 128, and its colour is the
-    resampled colour over the resampled mask (the masked-in pixels' weighted mean);
-    the others are zero."""
-    colours, mask = image[..., :3].astype(np.float64), image[..., 3]
-    trains = mask >= TRAINS
-    scale = np.where(trains, 255.0 / np.maximum(mask, 1), 0.0)
+    """A resampled ``premultiplied`` image (uint8, or float where it was resized) back
+    to uint8 colours and a mask of 0 and 255: a pixel trains where its resampled mask
+    is at least 128, and its colour is the resampled colour over the resampled mask
+    (the masked-in pixels' weighted mean); the others are zero."""
+    colours, mask = image[..., :3].astype(np.float64), image[..., 3].astype(np.float64)
+    trains = mask >= TRAINS - 0.5
+    scale = np.where(trains, 255.0 / np.maximum(mask, 1.0), 0.0)
     kept = np.clip(np.rint(colours * scale[..., None]), 0, 255).astype(np.uint8)
     return np.concatenate([kept, np.where(trains, 255, 0).astype(np.uint8)[..., None]],
                           axis=2)
