@@ -32,7 +32,9 @@ VIEW_HELP = """Serve a page that draws a model's splats in the browser, with its
 cameras: click one to look through it and compare its photo with an exact
 render of the model there (with its PSNR); render any view exactly as a still.
 Runs until Ctrl-C."""
-CAMERA_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV")
+# The fisheye ones train as an ideal equidistant fisheye of the photos' whole field of view.
+CAMERA_MODELS = ("SIMPLE_PINHOLE", "PINHOLE", "SIMPLE_RADIAL", "RADIAL", "OPENCV",
+                 "OPENCV_FISHEYE", "SIMPLE_RADIAL_FISHEYE", "RADIAL_FISHEYE")
 
 
 # numba refuses more threads than it started with (NUMBA_NUM_THREADS, default: the cores).
@@ -331,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="frames to take from the video(s), in all (default 100)")
     prepare.add_argument("--camera-model", choices=CAMERA_MODELS, default="SIMPLE_RADIAL",
                          help="COLMAP's camera model (default SIMPLE_RADIAL; OPENCV for "
-                              "strong lens distortion)")
+                              "strong lens distortion; OPENCV_FISHEYE for fisheye lenses, "
+                              "trained as fisheye, uncropped)")
     prepare.add_argument("--max-image-size", type=_integer(100), default=3200,
                          help="features are found on images downscaled to this many pixels "
                               "on their longer side (default 3200, COLMAP's); the scene "

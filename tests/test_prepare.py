@@ -11,15 +11,18 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pycolmap
 import pytest
 from PIL import Image
+from scipy.ndimage import map_coordinates
 
 from splatscale.cli import main
 from splatscale.data import load_scene
 from splatscale.folder_lock import LOCK_NAME
 from splatscale.prepare.alignment import pose_errors, similarity
 from splatscale.prepare.frames import sharpness
-from splatscale.prepare.photos import ORIENTATION, inspect_photo, write_photo
+from splatscale.prepare.photos import (EXIF_IFD, FOCAL_35MM, ORIENTATION, inspect_photo,
+                                       write_photo)
 from splatscale.prepare.scene_folder import MAPPING_SCRATCH, MODEL_FILES, image_name
 from splatscale.prepare.sfm import image_pairs
 from bench.scenes import write_video
@@ -198,6 +201,56 @@ def test_a_video_goes_through_the_video_path(tmp_path, capsys):
     found = {frames[int(name[-10:-4])].name: pose for name, pose in
              poses(load_scene(scene)).items()}
     assert_close_to_known(found, 20)
+
+
+def fisheye_photos(folder: Path, every: int) -> list[Path]:
+    """Snowmiku's photos through an ideal equidistant fisheye of their size whose corners
+    see what theirs see (37 degrees off axis; inside the photo everywhere else, as
+    r / f < atan(r / f_pinhole) within the corners' radius), with the EXIF 35 mm focal
+    length of its focal length (without one, prepare starts from a wide fisheye's)."""
+    folder.mkdir(parents=True)
+    written = []
+    for view in load_scene(SNOWMIKU).views[::every]:
+        K, width, height = view.camera.K.numpy(), view.camera.width, view.camera.height
+        corner = np.hypot(width / 2, height / 2)
+        f = corner / np.arctan(corner / K[0, 0])
+        u, v = np.meshgrid(np.arange(width) + 0.5 - width / 2,
+                           np.arange(height) + 0.5 - height / 2)
+        theta = np.hypot(u, v) / f
+        to_pinhole = np.tan(theta) / np.maximum(theta, 1e-12) / f  # pinhole r / fisheye r
+        x = u * to_pinhole * K[0, 0] + K[0, 2] - 0.5
+        y = v * to_pinhole * K[1, 1] + K[1, 2] - 0.5
+        photo = np.asarray(Image.open(view.image_path).convert("RGB"), dtype=np.float32)
+        fisheye = np.stack([map_coordinates(photo[..., c], [y, x], order=1) for c in range(3)],
+                           -1)
+        exif = Image.Exif()
+        exif.get_ifd(EXIF_IFD)[FOCAL_35MM] = round(f / max(width, height) * 35)
+        path = folder / Path(view.camera.name).name
+        Image.fromarray(np.clip(np.rint(fisheye), 0, 255).astype(np.uint8)).save(
+            path, quality=95, exif=exif)
+        written.append(path)
+    return written
+
+
+def test_fisheye_photos_make_a_scene_that_trains_as_fisheye(tmp_path, capsys):
+    """prepare --camera-model OPENCV_FISHEYE: COLMAP's fisheye model (its distortion
+    refined once every view is placed), poses as known, and the scene's cameras ideal
+    fisheyes of about the photos' size."""
+    photos = fisheye_photos(tmp_path / "photos", every=5)
+    scene = tmp_path / "scene"
+    assert main(["prepare", str(tmp_path / "photos"), "-o", str(scene), "--camera-model",
+                 "OPENCV_FISHEYE", "--quiet"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["sfm"]["camera_model"] == "OPENCV_FISHEYE"
+    assert report["registered"] >= len(photos) - 3  # as with SIMPLE_RADIAL, 3 left out
+    model = pycolmap.Reconstruction(str(scene / "sparse" / "0"))
+    assert {camera.model.name for camera in model.cameras.values()} == {"OPENCV_FISHEYE"}
+    prepared_scene = load_scene(scene)
+    cameras = [view.camera for view in prepared_scene.views]
+    assert all(camera.model == "fisheye" for camera in cameras)
+    assert all(abs(camera.width - 495) <= 16 and abs(camera.height - 371) <= 16
+               for camera in cameras)
+    assert_close_to_known(poses(prepared_scene), len(photos) - 3)
 
 
 def test_train_on_photos_alone_names_the_prepare_command(prepared, tmp_path, capsys):

@@ -5,6 +5,7 @@ no SfM here; tests/test_prepare.py has the runs)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from splatscale.prepare.photos import ORIENTATION, inspect_photo, write_photo
 from splatscale.prepare.pipeline import Request, check_inputs, recorded_settings
 from splatscale.prepare.scene_folder import (MODEL_FILES, SceneFolder, manifest_problem,
                                              source_record)
-from splatscale.prepare.sfm import SfmSettings
+from splatscale.prepare.sfm import SfmSettings, give_fisheye_a_focal_prior
 from bench.scenes import write_video
 from tests.test_bad_input import assert_clean_error
 from tests.test_prepare import some_photos
@@ -369,3 +370,38 @@ def test_a_manifest_without_the_sources_record_is_continued(tmp_path):
     (scene / "prepare.json").write_text(json.dumps(written_before_the_record))
     record = source_record(tuple(sorted(photos.iterdir())))
     assert SceneFolder(scene).check(settings, record, False) == written_before_the_record
+
+
+def test_a_camera_model_prepare_does_not_know_is_one_line(tmp_path, capsys):
+    some_photos(tmp_path / "photos", every=40)
+    with pytest.raises(SystemExit) as refused:  # argparse's refusal
+        prepare(tmp_path / "photos", "-o", tmp_path / "scene", "--camera-model",
+                "OPENCV_FISHEYE_WIDE")
+    assert_clean_error(refused.value.code, capsys.readouterr().err, "--camera-model",
+                       "OPENCV_FISHEYE_WIDE")
+    assert not (tmp_path / "scene").exists()
+
+
+def test_a_fisheye_camera_without_a_focal_prior_is_given_a_typical_lens(tmp_path):
+    """COLMAP verifies no pair of fisheye views without a prior focal length: a fisheye
+    camera without one (no EXIF) gets a 150-degree lens's; others are left alone."""
+    import pycolmap
+
+    database = tmp_path / "database.db"
+    cameras = [("OPENCV_FISHEYE", False), ("RADIAL_FISHEYE", False), ("OPENCV_FISHEYE", True),
+               ("SIMPLE_RADIAL", False)]
+    with pycolmap.Database.open(str(database)) as db:
+        ids = []
+        for model, prior in cameras:
+            camera = pycolmap.Camera.create_from_model_name(0, model, 594.0, 495, 371)
+            camera.has_prior_focal_length = prior
+            ids.append(db.write_camera(camera))
+    for camera_id in ids:
+        give_fisheye_a_focal_prior(database, camera_id)
+    typical = math.hypot(495, 371) / 2 / math.radians(75)
+    with pycolmap.Database.open(str(database)) as db:
+        found = [db.read_camera(camera_id) for camera_id in ids]
+    assert [list(found[0].params[:2]), found[1].params[0]] == [[typical, typical], typical]
+    assert found[0].has_prior_focal_length and found[1].has_prior_focal_length
+    assert found[2].params[0] == found[3].params[0] == 594.0
+    assert not found[3].has_prior_focal_length

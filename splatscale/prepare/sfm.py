@@ -9,6 +9,7 @@ worker thread that a Ctrl-C cancels and waits for.
 
 from __future__ import annotations
 
+import math
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -23,6 +24,11 @@ SEQUENTIAL_OVERLAP = 10  # COLMAP's sequential matcher's default
 # them that 15 inliers and 15 % place correctly were left out (tests/test_prepare.py).
 ABS_POSE_MIN_INLIERS = 15
 ABS_POSE_MIN_INLIER_RATIO = 0.15
+# COLMAP verifies a pair of fisheye views only given a prior focal length (a fundamental
+# matrix cannot recover a fisheye's): a fisheye camera of photos without one in their EXIF
+# (video frames) is given that of a typical fisheye lens, this many degrees across its
+# diagonal, which bundle adjustment then refines.
+FISHEYE_DIAGONAL_DEGREES = 150.0
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ def extract_features(database: Path, images: Path, groups: list[list[str]],
         known = [name for name in group if name in done]
         if known:
             reader.existing_camera_id = _camera_of(database, known[0])
+            give_fisheye_a_focal_prior(database, reader.existing_camera_id)
         advance(len(known))
         for batch in _batches([name for name in group if name not in done], EXTRACT_BATCH):
             pycolmap.extract_features(database, images, image_names=batch,
@@ -91,8 +98,26 @@ def extract_features(database: Path, images: Path, groups: list[list[str]],
                                       reader_options=reader, extraction_options=options,
                                       device=pycolmap.Device.cpu)
             reader.existing_camera_id = _camera_of(database, batch[0])
+            give_fisheye_a_focal_prior(database, reader.existing_camera_id)
             advance(len(batch))
     return len(done)
+
+
+def give_fisheye_a_focal_prior(database: Path, camera_id: int) -> None:
+    """A fisheye camera without a prior focal length gets that of a lens
+    ``FISHEYE_DIAGONAL_DEGREES`` across (r = f theta at the image's corners); any other
+    camera is left as it is."""
+    from splatscale.native import pycolmap
+
+    with pycolmap.Database.open(str(database)) as db:
+        camera = db.read_camera(camera_id)
+        if camera.has_prior_focal_length or not camera.model.name.endswith("FISHEYE"):
+            return
+        half_diagonal = math.hypot(camera.width, camera.height) / 2
+        for index in camera.focal_length_idxs():
+            camera.params[index] = half_diagonal / math.radians(FISHEYE_DIAGONAL_DEGREES / 2)
+        camera.has_prior_focal_length = True
+        db.update_camera(camera)
 
 
 def image_pairs(sequences: list[list[str]], matcher: str) -> list[tuple[str, str]]:
@@ -154,9 +179,36 @@ def map_scene(database: Path, images: Path, output: Path, settings: SfmSettings,
     options = pycolmap.IncrementalPipelineOptions()
     options.mapper.abs_pose_min_num_inliers = ABS_POSE_MIN_INLIERS
     options.mapper.abs_pose_min_inlier_ratio = ABS_POSE_MIN_INLIER_RATIO
-    return _cancellable(lambda token: pycolmap.incremental_mapping(
-        database, images, output, options, next_image_callback=lambda: advance(1),
-        cancellation_token=token))
+    # A fisheye's distortion terms (OPENCV_FISHEYE's four), refined from the first pair's
+    # few points, run away and no further view registers: they are refined once, by a
+    # bundle adjustment of every view placed.
+    fisheye = settings.camera_model.endswith("FISHEYE")
+    options.ba_refine_extra_params = not fisheye
+
+    def mapping(token):
+        models = pycolmap.incremental_mapping(database, images, output, options,
+                                              next_image_callback=lambda: advance(1),
+                                              cancellation_token=token)
+        for model in models.values() if fisheye else ():
+            _adjust_everything(model)
+        return models
+    return _cancellable(mapping)
+
+
+def _adjust_everything(model) -> None:
+    """Bundle adjustment of every registered view, the intrinsics (distortion terms
+    included) refined, as pycolmap.bundle_adjustment does but without its log lines,
+    which it writes whatever the log level."""
+    from splatscale.native import pycolmap
+
+    options = pycolmap.BundleAdjustmentOptions()
+    options.print_summary = False
+    config = pycolmap.BundleAdjustmentConfig()
+    for image_id in model.reg_image_ids():
+        config.add_image(image_id)
+    config.fix_gauge(pycolmap.BundleAdjustmentGauge.TWO_CAMS_FROM_WORLD)
+    pycolmap.create_default_bundle_adjuster(options, config, model).solve()
+    model.update_point_3d_errors()
 
 
 def _cancellable(call: Callable, cancels: bool = True):
