@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project
 from splatscale.render.sh import sh_to_color
-from tests.conftest import assert_radii_match, gsplat_kernel_boxes, orbit_cameras, random_model
+from tests.conftest import (assert_radii_match, data_path, gsplat_kernel_boxes, orbit_cameras,
+                            random_model)
 
 gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl",
                                    reason="gsplat==1.5.3 (test extra) is the reference")
@@ -73,9 +76,9 @@ def test_projection_kernels_equal_the_torch_projection(wide_scene):
     gaussian_ids, camera_ids, viewmats, Ks, sizes = pairs_of(model, cameras)
     leaves = [t.detach().clone().requires_grad_(True)
               for t in (model.means, model.quats, model.log_scales)]
-    ours = _EwaPairs.apply(*leaves, gaussian_ids, camera_ids, viewmats, Ks, sizes)
+    ours = _EwaPairs.apply(*leaves, gaussian_ids, camera_ids, viewmats, Ks, sizes, False)[:3]
     reference = _ewa_pairs(*(t[gaussian_ids] for t in leaves), viewmats[camera_ids],
-                           Ks[camera_ids], sizes[camera_ids])
+                           Ks[camera_ids], sizes[camera_ids])[:3]
     for a, b in zip(ours, reference):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     weights = torch.Generator().manual_seed(0)
@@ -98,7 +101,8 @@ def test_projection_kernels_pass_gradcheck(wide_scene):
     leaves = [t.detach().clone().requires_grad_(True)
               for t in (small.means, small.quats, small.log_scales)]
     assert torch.autograd.gradcheck(
-        lambda *p: _EwaPairs.apply(*p, gaussian_ids, camera_ids, viewmats, Ks, sizes), leaves)
+        lambda *p: _EwaPairs.apply(*p, gaussian_ids, camera_ids, viewmats, Ks, sizes,
+                                   False)[:3], leaves)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -156,3 +160,61 @@ def test_sh_kernels_pass_gradcheck(wide_scene):
                                                                  small.shN)]
     assert torch.autograd.gradcheck(
         lambda *p: _ShColors.apply(*p, gaussian_ids, camera_ids, centres, 3), leaves)
+
+
+_BEFORE = np.load(data_path("projection_68d7002.npz"))
+
+
+def _saved(name: str) -> torch.Tensor:
+    return torch.from_numpy(_BEFORE[name])
+
+
+def _weights_like(t: torch.Tensor, k: int) -> torch.Tensor:
+    return torch.sin(torch.arange(t.numel(), dtype=torch.float64) * 0.37 + k).reshape(
+        t.shape).to(t.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_pinhole_plain_projection_is_that_of_commit_68d7002(dtype):
+    """Fisheye cameras and anti-aliased splats change nothing, bit for bit, for pinhole
+    cameras and plain models: the visibility, the splats and their gradients (the torch
+    reference's too) equal those the code computed before either existed
+    (tests/data/projection_68d7002.npz, written by tests/data/projection_68d7002.py at
+    that commit). Compositing, which neither touches, is left out: a render's last bits
+    differed between numba's cached and freshly compiled compositing kernels."""
+    from splatscale.render.projection import _ewa_pairs, visibility_cpu, visibility_torch
+    from splatscale.render.splats import camera_tensors
+    params = {n: _saved(f"inputs/params/{n}").to(dtype) for n in GaussianModel.PARAMETERS}
+    model = GaussianModel(**params, sh_degree=1).requires_grad_(True)
+    cameras = [Camera(v, k, int(_BEFORE[f"inputs/sizes/{i}/0"]),
+                      int(_BEFORE[f"inputs/sizes/{i}/1"]))
+               for i, (v, k) in enumerate(zip(_saved("inputs/viewmats"), _saved("inputs/Ks")))]
+    before = f"{dtype}/"
+
+    def same(got, name):
+        assert torch.equal(got.detach(), _saved(before + name)), name
+
+    for name, seen in (("vis_kernel", visibility_cpu(model, cameras)),
+                       ("vis_torch", visibility_torch(model, cameras))):
+        same(seen.radii, f"{name}/0")
+        same(seen.visible, f"{name}/1")
+    splats = project(model, cameras)
+    columns = [splats.means2d, splats.conics, splats.depths, splats.colors, splats.opacities]
+    for k, got in enumerate(columns + [splats.radii, splats.camera_ids, splats.gaussian_ids]):
+        same(got, f"splats/{k}")
+    weights = [_weights_like(c, k) for k, c in enumerate(columns)]
+    parameters = list(model.parameters().values())
+    grads = torch.autograd.grad(sum((c * w).sum() for c, w in zip(columns, weights)),
+                                parameters)
+    for k, got in enumerate(grads):
+        same(got, f"splat_grads/{k}")
+    viewmats, Ks, sizes = camera_tensors(cameras, model.means)
+    leaves = parameters[:3]
+    c, g = splats.camera_ids, splats.gaussian_ids
+    reference = _ewa_pairs(*(t[g] for t in leaves), viewmats[c], Ks[c], sizes[c])[:3]
+    for k, got in enumerate(reference):
+        same(got, f"ewa_torch/{k}")
+    reference_grads = torch.autograd.grad(
+        sum((o * w).sum() for o, w in zip(reference, weights[:3])), leaves)
+    for k, got in enumerate(reference_grads):
+        same(got, f"ewa_torch_grads/{k}")

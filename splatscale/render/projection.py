@@ -46,6 +46,9 @@ class _Projected:
     means2d: Tensor
     cov2d: Tensor      # [..., 3] (xx, xy, yy) with eps2d added
     depths: Tensor
+    # Anti-aliased splats' opacity factor, sqrt(det cov2d before eps2d / det after),
+    # where asked for (gsplat's compensations); None otherwise.
+    compensations: Tensor | None = None
 
 
 # Products with 3x3 matrices are spelled out: on CPU, batched 3x3 matmuls and
@@ -68,8 +71,9 @@ def _dot3(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _project_pairs(means: Tensor, factors: Tensor, viewmats: Tensor, Ks: Tensor,
-                   sizes: Tensor) -> _Projected:
-    """EWA projection, elementwise over broadcastable leading dimensions.
+                   sizes: Tensor, antialiased: bool = False) -> _Projected:
+    """EWA projection, elementwise over broadcastable leading dimensions; with
+    ``antialiased``, the compensations too.
 
     The 2D covariance J W M (J W M)^T is formed from its 2x3 factor J W M
     (W the camera rotation, M = R S), which costs less than J W M M^T W^T J^T.
@@ -92,9 +96,14 @@ def _project_pairs(means: Tensor, factors: Tensor, viewmats: Tensor, Ks: Tensor,
     jw1 = ((fy / z)[..., None] * rotation[..., 1, :]
            - (fy * ty / (z * z))[..., None] * rotation[..., 2, :])
     b0, b1 = _row_times(jw0, factors), _row_times(jw1, factors)
-    cov2d = torch.stack([_dot3(b0, b0) + EPS2D, _dot3(b0, b1), _dot3(b1, b1) + EPS2D], dim=-1)
+    xx, xy, yy = _dot3(b0, b0), _dot3(b0, b1), _dot3(b1, b1)
+    cov2d = torch.stack([xx + EPS2D, xy, yy + EPS2D], dim=-1)
     means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1)
-    return _Projected(means2d, cov2d, z)
+    compensations = None
+    if antialiased:
+        dilated_det = (xx + EPS2D) * (yy + EPS2D) - xy * xy
+        compensations = torch.sqrt(torch.clamp((xx * yy - xy * xy) / dilated_det, min=0.0))
+    return _Projected(means2d, cov2d, z, compensations)
 
 
 def box_sigmas(opacities: Tensor) -> Tensor:
@@ -109,6 +118,11 @@ def box_sigmas(opacities: Tensor) -> Tensor:
 
 def _radii_and_visibility(proj: _Projected, opacities: Tensor,
                           sizes: Tensor) -> tuple[Tensor, Tensor]:
+    """The box and the test of ``proj``'s pairs. An anti-aliased splat is drawn with
+    opacity times its compensation, so its box and the opacity cull take that product
+    (as gsplat's packed kernel does)."""
+    if proj.compensations is not None:
+        opacities = opacities * proj.compensations
     cxx, cxy, cyy = proj.cov2d.unbind(-1)
     det = cxx * cyy - cxy * cxy
     sigmas = box_sigmas(opacities)
@@ -136,13 +150,16 @@ class Visibility:
 
 
 def _ewa_pairs(means: Tensor, quats: Tensor, log_scales: Tensor, viewmats: Tensor, Ks: Tensor,
-               sizes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """means2d, conics and depths of pairs, in torch: the reference of ``_EwaPairs``."""
+               sizes: Tensor, antialiased: bool = False
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """means2d, conics, depths and (``antialiased``; else None) compensations of pairs,
+    in torch: the reference of ``_EwaPairs``."""
     factors = covariance_factor(quats, torch.exp(log_scales))
-    proj = _project_pairs(means, factors, viewmats, Ks, sizes)
+    proj = _project_pairs(means, factors, viewmats, Ks, sizes, antialiased)
     cxx, cxy, cyy = proj.cov2d.unbind(-1)
     det = cxx * cyy - cxy * cxy
-    return proj.means2d, torch.stack([cyy / det, -cxy / det, cxx / det], dim=-1), proj.depths
+    return (proj.means2d, torch.stack([cyy / det, -cxy / det, cxx / det], dim=-1), proj.depths,
+            proj.compensations)
 
 
 class _EwaPairs(torch.autograd.Function):
@@ -150,32 +167,38 @@ class _EwaPairs(torch.autograd.Function):
     pass over the pairs each way, only the inputs saved."""
 
     @staticmethod
-    def forward(ctx, means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes):
+    def forward(ctx, means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes,
+                antialiased):
         count, dtype = len(gaussian_ids), means.dtype
         means2d, conics = torch.empty(count, 2, dtype=dtype), torch.empty(count, 3, dtype=dtype)
         depths = torch.empty(count, dtype=dtype)
+        compensations = torch.empty(count if antialiased else 0, dtype=dtype)
         inputs = [t.detach().contiguous() for t in (means, quats, log_scales, gaussian_ids,
                                                     camera_ids, viewmats, Ks, sizes)]
-        projection_kernels.project_forward(*(t.numpy() for t in inputs), means2d.numpy(),
-                                           conics.numpy(), depths.numpy())
+        projection_kernels.project_forward(*(t.numpy() for t in inputs), antialiased,
+                                           means2d.numpy(), conics.numpy(), depths.numpy(),
+                                           compensations.numpy())
         ctx.save_for_backward(*inputs)
-        return means2d, conics, depths
+        ctx.antialiased = antialiased
+        return means2d, conics, depths, compensations if antialiased else None
 
     @staticmethod
-    def backward(ctx, v_means2d, v_conics, v_depths):
+    def backward(ctx, v_means2d, v_conics, v_depths, v_compensations):
         means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes = (
             ctx.saved_tensors)
         pairs = len(gaussian_ids)
         zero = torch.zeros((), dtype=means.dtype)
         grads = [(g if g is not None else zero.expand(shape)).contiguous().numpy()
                  for g, shape in ((v_means2d, (pairs, 2)), (v_conics, (pairs, 3)),
-                                  (v_depths, (pairs,)))]
+                                  (v_depths, (pairs,)),
+                                  (v_compensations, (pairs if ctx.antialiased else 0,)))]
         v_means, v_quats, v_log_scales = (torch.zeros_like(t) for t in (means, quats, log_scales))
         projection_kernels.project_backward(
             means.numpy(), quats.numpy(), log_scales.numpy(), gaussian_ids.numpy(),
             camera_offsets(camera_ids, len(viewmats)).numpy(), viewmats.numpy(), Ks.numpy(),
-            sizes.numpy(), *grads, v_means.numpy(), v_quats.numpy(), v_log_scales.numpy())
-        return v_means, v_quats, v_log_scales, None, None, None, None, None
+            sizes.numpy(), ctx.antialiased, *grads, v_means.numpy(), v_quats.numpy(),
+            v_log_scales.numpy())
+        return v_means, v_quats, v_log_scales, None, None, None, None, None, None
 
 
 def _sh_colors(means: Tensor, sh0: Tensor, shN: Tensor, gaussian_ids: Tensor,
@@ -225,6 +248,7 @@ class Geometry(Protocol):
     quats: Tensor
     log_scales: Tensor
     opacity_logits: Tensor
+    antialiased: bool
 
 
 def visibility(model: Geometry, cameras: Sequence[Camera]) -> Visibility:
@@ -233,38 +257,41 @@ def visibility(model: Geometry, cameras: Sequence[Camera]) -> Visibility:
     return backend_for(model.means.device).visibility(model, list(cameras))
 
 
-def _geometry_tensors(model: Geometry, cameras: list[Camera]) -> tuple[Tensor, ...]:
-    return (model.means, model.quats, model.log_scales, model.opacity_logits,
-            *camera_tensors(cameras, model.means))
+def _geometry_tensors(model: Geometry, cameras: list[Camera]
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    viewmats, Ks, sizes = camera_tensors(cameras, model.means)
+    return (model.means, model.quats, model.log_scales, model.opacity_logits, viewmats, Ks,
+            sizes)
 
 
 @torch.no_grad()
 def visibility_cpu(model: Geometry, cameras: list[Camera]) -> Visibility:
     """``visibility`` by the numba kernel (CPU tensors)."""
-    return _visibility_kernel(*_geometry_tensors(model, cameras))
+    return _visibility_kernel(*_geometry_tensors(model, cameras), antialiased=model.antialiased)
 
 
 @torch.no_grad()
 def visibility_torch(model: Geometry, cameras: list[Camera]) -> Visibility:
     """``visibility`` in torch operations, on any device: every pair projected at once."""
-    return _visibility_torch(*_geometry_tensors(model, cameras))
+    return _visibility_torch(*_geometry_tensors(model, cameras), antialiased=model.antialiased)
 
 
 def _visibility_torch(means: Tensor, quats: Tensor, log_scales: Tensor, opacity_logits: Tensor,
-                      viewmats: Tensor, Ks: Tensor, sizes: Tensor) -> Visibility:
+                      viewmats: Tensor, Ks: Tensor, sizes: Tensor,
+                      antialiased: bool = False) -> Visibility:
     factors = covariance_factor(quats, torch.exp(log_scales))
     dense = _project_pairs(means[None], factors[None], viewmats[:, None], Ks[:, None],
-                           sizes[:, None])
+                           sizes[:, None], antialiased)
     return Visibility(*_radii_and_visibility(dense, torch.sigmoid(opacity_logits),
                                              sizes[:, None]))
 
 
-def _visibility_kernel(*tensors: Tensor) -> Visibility:
+def _visibility_kernel(*tensors: Tensor, antialiased: bool = False) -> Visibility:
     cameras, count = len(tensors[4]), len(tensors[0])
     radii = torch.empty(cameras, count, 2, dtype=torch.int32)
     visible = torch.empty(cameras, count, dtype=torch.bool)
     projection_kernels.visibility(*(t.detach().contiguous().numpy() for t in tensors),
-                                  radii.numpy(), visible.numpy())
+                                  antialiased, radii.numpy(), visible.numpy())
     return Visibility(radii, visible)
 
 
@@ -290,11 +317,14 @@ def project_cpu(model: GaussianModel, cameras: list[Camera],
     offsets = camera_offsets(camera_ids, len(cameras)).tolist()
     # The differentiable pass sees only the visible pairs, so its cost (forward and
     # backward) follows what is on screen, not the size of the model.
-    means2d, conics, depths = _EwaPairs.apply(model.means, model.quats, model.log_scales,
-                                              gaussian_ids, camera_ids, viewmats, Ks, sizes)
+    means2d, conics, depths, compensations = _EwaPairs.apply(
+        model.means, model.quats, model.log_scales, gaussian_ids, camera_ids, viewmats, Ks,
+        sizes, model.antialiased)
     colors = _ShColors.apply(model.means, model.sh0, model.shN, gaussian_ids, camera_ids,
                              camera_centres(viewmats), model.sh_degree)
+    opacities = torch.sigmoid(model.opacity_logits.index_select(0, gaussian_ids))
+    if compensations is not None:
+        opacities = opacities * compensations
     return Splats(camera_ids, gaussian_ids, means2d, conics, depths,
-                  radii[camera_ids, gaussian_ids], colors,
-                  torch.sigmoid(model.opacity_logits.index_select(0, gaussian_ids)),
+                  radii[camera_ids, gaussian_ids], colors, opacities,
                   model.keys.index_select(0, gaussian_ids), offsets, cameras)

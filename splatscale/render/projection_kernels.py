@@ -10,6 +10,7 @@ follow it operation for operation:
     M = R(q / |q|) diag(exp(log_scale));  b_r = (J W)_r M
     cov2d = (b_0.b_0 + eps2d, b_0.b_1, b_1.b_1 + eps2d);  conic = cov2d^-1
     means2d = (fx x / z + cx, fy y / z + cy);  depth = z
+    anti-aliased: compensation = sqrt(max(0, det(cov2d - eps2d I) / det cov2d))
 
 The backward adds each pair's gradient (means 3, quats 4, log-scales 3) to its
 Gaussian's row camera by camera, so results do not depend on the number of
@@ -95,48 +96,62 @@ def _scales(log_scales, g):  # pragma: no cover - compiled
 
 @numba.njit(inline="always")
 def _cov2d(jw, rot, scale):  # pragma: no cover - compiled
-    """b = (J W) M row by row (b[3 r + k]) and cov2d = (a, bb, cc) with eps2d."""
+    """b = (J W) M row by row (b[3 r + k]), cov2d = (a, bb, cc) with eps2d, and the
+    determinant before eps2d (an anti-aliased splat's compensation needs it)."""
     b = ((jw[0] * rot[0] + jw[1] * rot[3] + jw[2] * rot[6]) * scale[0],
          (jw[0] * rot[1] + jw[1] * rot[4] + jw[2] * rot[7]) * scale[1],
          (jw[0] * rot[2] + jw[1] * rot[5] + jw[2] * rot[8]) * scale[2],
          (jw[3] * rot[0] + jw[4] * rot[3] + jw[5] * rot[6]) * scale[0],
          (jw[3] * rot[1] + jw[4] * rot[4] + jw[5] * rot[7]) * scale[1],
          (jw[3] * rot[2] + jw[4] * rot[5] + jw[5] * rot[8]) * scale[2])
-    a = b[0] * b[0] + b[1] * b[1] + b[2] * b[2] + EPS2D
+    a0 = b[0] * b[0] + b[1] * b[1] + b[2] * b[2]
     bb = b[0] * b[3] + b[1] * b[4] + b[2] * b[5]
-    cc = b[3] * b[3] + b[4] * b[4] + b[5] * b[5] + EPS2D
-    return b, a, bb, cc
+    cc0 = b[3] * b[3] + b[4] * b[4] + b[5] * b[5]
+    return b, a0 + EPS2D, bb, cc0 + EPS2D, a0 * cc0 - bb * bb
+
+
+@numba.njit(inline="always")
+def _compensation(undilated_det, det):  # pragma: no cover - compiled
+    """An anti-aliased splat's opacity factor (gsplat's ``add_blur``)."""
+    return math.sqrt(max(0.0, undilated_det / det))
 
 
 @numba.njit(nogil=True, cache=True)
 def _forward_pairs(lo, hi, means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks,
-                   sizes, means2d, conics, depths):  # pragma: no cover - compiled
-    """Pairs [lo, hi): means2d, conic and depth."""
+                   sizes, antialiased, means2d, conics, depths,
+                   compensations):  # pragma: no cover - compiled
+    """Pairs [lo, hi): means2d, conic, depth and (``antialiased``) compensation."""
     for i in range(lo, hi):
         g, c = gaussian_ids[i], camera_ids[i]
         x, y, z = _camera_point(means, g, viewmats, c)
         jw, _, _, _, _ = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
         _, _, _, _, _, rot = _rotation(quats, g)
-        _, a, bb, cc = _cov2d(jw, rot, _scales(log_scales, g))
+        _, a, bb, cc, undilated_det = _cov2d(jw, rot, _scales(log_scales, g))
         det = a * cc - bb * bb
         means2d[i, 0] = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
         means2d[i, 1] = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
         conics[i, 0], conics[i, 1], conics[i, 2] = cc / det, -bb / det, a / det
         depths[i] = z
+        if antialiased:
+            compensations[i] = _compensation(undilated_det, det)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def project_forward(means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes,
-                    means2d, conics, depths):  # pragma: no cover - compiled
+                    antialiased, means2d, conics, depths,
+                    compensations):  # pragma: no cover - compiled
+    """``compensations`` is written only where ``antialiased`` (else it may be empty)."""
     pairs = gaussian_ids.shape[0]
     for chunk in prange((pairs + CHUNK - 1) // CHUNK):
         _forward_pairs(chunk * CHUNK, min(pairs, (chunk + 1) * CHUNK), means, quats, log_scales,
-                       gaussian_ids, camera_ids, viewmats, Ks, sizes, means2d, conics, depths)
+                       gaussian_ids, camera_ids, viewmats, Ks, sizes, antialiased, means2d,
+                       conics, depths, compensations)
 
 
 @numba.njit(inline="always")
-def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, v_means2d, v_conics,
-                   v_depths, i):  # pragma: no cover - compiled
+def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, antialiased,
+                   v_means2d, v_conics, v_depths, v_compensations,
+                   i):  # pragma: no cover - compiled
     """d loss / d (mean 3, quat 4, log-scale 3) of pair i (Gaussian g, camera c), as a
     10-tuple."""
     fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
@@ -144,7 +159,7 @@ def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, v_means2
     jw, tx, ty, held_x, held_y = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
     qw, qx, qy, qz, norm, rot = _rotation(quats, g)
     scale = _scales(log_scales, g)
-    b, a, bb, cc = _cov2d(jw, rot, scale)
+    b, a, bb, cc, undilated_det = _cov2d(jw, rot, scale)
     inv = 1.0 / (a * cc - bb * bb)
     inv2 = inv * inv
     g0, g1, g2 = v_conics[i, 0], v_conics[i, 1], v_conics[i, 2]
@@ -152,6 +167,16 @@ def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, v_means2
     v_a = -g0 * cc * cc * inv2 + g1 * bb * cc * inv2 + g2 * (inv - a * cc * inv2)
     v_bb = 2 * g0 * bb * cc * inv2 - g1 * (inv + 2 * bb * bb * inv2) + 2 * g2 * a * bb * inv2
     v_cc = g0 * (inv - a * cc * inv2) + g1 * a * bb * inv2 - g2 * a * a * inv2
+    if antialiased:
+        # d compensation / d cov2d = (1 - comp^2) conic - eps2d I / det, over 2 comp;
+        # gsplat's CUDA kernel (add_blur_vjp), which the cuda backend runs, divides by
+        # comp + 1e-6 rather than comp (finite for a flat splat), and so do we.
+        comp = _compensation(undilated_det, a * cc - bb * bb)
+        v_half = v_compensations[i] * 0.5 / (comp + 1e-6)
+        shrink = 1.0 - comp * comp
+        v_a += v_half * (shrink * cc * inv - EPS2D * inv)
+        v_bb -= v_half * shrink * 2.0 * bb * inv
+        v_cc += v_half * (shrink * a * inv - EPS2D * inv)
     v_b = (2 * v_a * b[0] + v_bb * b[3], 2 * v_a * b[1] + v_bb * b[4],
            2 * v_a * b[2] + v_bb * b[5], 2 * v_cc * b[3] + v_bb * b[0],
            2 * v_cc * b[4] + v_bb * b[1], 2 * v_cc * b[5] + v_bb * b[2])
@@ -209,13 +234,13 @@ def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, v_means2
 
 @numba.njit(nogil=True, cache=True)
 def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats, Ks, sizes,
-                    v_means2d, v_conics, v_depths, v_means, v_quats,
-                    v_log_scales):  # pragma: no cover - compiled
+                    antialiased, v_means2d, v_conics, v_depths, v_compensations, v_means,
+                    v_quats, v_log_scales):  # pragma: no cover - compiled
     """Pairs [lo, hi), all of camera c: each one's gradient added to its Gaussian's rows."""
     for i in range(lo, hi):
         g = gaussian_ids[i]
-        grad = _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, v_means2d,
-                              v_conics, v_depths, i)
+        grad = _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, antialiased,
+                              v_means2d, v_conics, v_depths, v_compensations, i)
         v_means[g, 0] += grad[0]
         v_means[g, 1] += grad[1]
         v_means[g, 2] += grad[2]
@@ -230,25 +255,28 @@ def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats,
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def project_backward(means, quats, log_scales, gaussian_ids, camera_offsets, viewmats, Ks,
-                     sizes, v_means2d, v_conics, v_depths, v_means, v_quats,
-                     v_log_scales):  # pragma: no cover - compiled
+                     sizes, antialiased, v_means2d, v_conics, v_depths, v_compensations,
+                     v_means, v_quats, v_log_scales):  # pragma: no cover - compiled
     """v_means[g], v_quats[g], v_log_scales[g] += the gradients of each pair of Gaussian
     g (three arrays, not views of one: a gradient must be contiguous, or autograd
-    copies it). Camera by camera: a Gaussian has at most one pair per camera, so a
-    camera's pairs run in parallel and each Gaussian's sum follows the camera order
-    whatever the number of threads."""
+    copies it); ``v_compensations`` is read only where ``antialiased``. Camera by
+    camera: a Gaussian has at most one pair per camera, so a camera's pairs run in
+    parallel and each Gaussian's sum follows the camera order whatever the number of
+    threads."""
     for c in range(camera_offsets.shape[0] - 1):
         lo, hi = camera_offsets[c], camera_offsets[c + 1]
         for chunk in prange((hi - lo + CHUNK - 1) // CHUNK):
             _backward_pairs(lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK), c, means,
-                            quats, log_scales, gaussian_ids, viewmats, Ks, sizes, v_means2d,
-                            v_conics, v_depths, v_means, v_quats, v_log_scales)
+                            quats, log_scales, gaussian_ids, viewmats, Ks, sizes, antialiased,
+                            v_means2d, v_conics, v_depths, v_compensations, v_means, v_quats,
+                            v_log_scales)
 
 
 @numba.njit(nogil=True, cache=True)
-def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, Ks, sizes, radii,
-                   visible):  # pragma: no cover - compiled
-    """Gaussians [lo, hi)'s columns of ``visibility``."""
+def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, Ks, sizes,
+                   antialiased, radii, visible):  # pragma: no cover - compiled
+    """Gaussians [lo, hi)'s columns of ``visibility``. An anti-aliased splat is drawn
+    with opacity times its compensation: its box and the opacity cull take that."""
     for g in range(lo, hi):
         _, _, _, _, _, rot = _rotation(quats, g)
         scale = _scales(log_scales, g)
@@ -261,21 +289,28 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
             if not (NEAR_PLANE < z < FAR_PLANE) or opacity < ALPHA_MIN:
                 continue
             jw, _, _, _, _ = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
-            _, a, bb, cc = _cov2d(jw, rot, scale)
-            rx, ry = math.ceil(sigmas * math.sqrt(a)), math.ceil(sigmas * math.sqrt(cc))
+            _, a, bb, cc, undilated_det = _cov2d(jw, rot, scale)
+            det = a * cc - bb * bb
+            extent = sigmas
+            if antialiased and det > 0:
+                seen = opacity * _compensation(undilated_det, det)
+                if seen < ALPHA_MIN:
+                    continue
+                extent = min(RADIUS_SIGMAS, math.sqrt(2 * math.log(seen / ALPHA_MIN)))
+            rx, ry = math.ceil(extent * math.sqrt(a)), math.ceil(extent * math.sqrt(cc))
             mx = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
             my = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
-            if (a * cc - bb * bb > 0 and (rx > 0 or ry > 0) and mx + rx > 0
+            if (det > 0 and (rx > 0 or ry > 0) and mx + rx > 0
                     and mx - rx < width and my + ry > 0 and my - ry < height):
                 radii[c, g, 0], radii[c, g, 1], visible[c, g] = rx, ry, True
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def visibility(means, quats, log_scales, opacity_logits, viewmats, Ks, sizes,
+def visibility(means, quats, log_scales, opacity_logits, viewmats, Ks, sizes, antialiased,
                radii, visible):  # pragma: no cover - compiled
     """``projection._radii_and_visibility`` of every (camera, Gaussian) pair: the box's
     radii [C, N, 2] (0 where invisible) and the test [C, N]."""
     count = means.shape[0]
     for chunk in prange((count + CHUNK - 1) // CHUNK):
         _visibility_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), means, quats, log_scales,
-                       opacity_logits, viewmats, Ks, sizes, radii, visible)
+                       opacity_logits, viewmats, Ks, sizes, antialiased, radii, visible)

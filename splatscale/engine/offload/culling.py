@@ -13,6 +13,16 @@ most ``s = exp(max log-scale + r_scales)``, the EWA covariance's diagonal is
 at most ``(f / z)^2 (1 + L^2) s^2 + eps2d`` (``L`` the frustum clamp's limit
 on ``x / z``), the box's half-extent at most ``3.33`` sigmas of it, and the
 projected centre lies between the cube's corners' projections.
+
+Anti-aliased models: the exact test draws a splat with opacity times its
+compensation ``sqrt(det S / det(S + eps2d I))``, S the 2D covariance before the
+dilation, and takes that product for its opacity cull and its box's
+``min(3.33, sqrt(2 ln(255 opacity)))`` sigmas. S is positive semi-definite, so
+``det(S + eps2d I) = det S + eps2d tr S + eps2d^2 >= det S`` and the
+compensation is at most 1: the product is at most the opacity, a pair it keeps
+the plain test keeps, with a box no larger (the centre and the covariance being
+the same). The bound above takes no opacity, 3.33 sigmas being the most any
+opacity gives, so it holds for anti-aliased models unchanged.
 """
 
 from __future__ import annotations
