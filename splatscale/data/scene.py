@@ -14,7 +14,8 @@ from splatscale.messages import notice
 
 @dataclass(frozen=True)
 class Distortion:
-    """A camera whose images must be undistorted to ``camera`` before use.
+    """A camera whose images must be resampled to their view's ``camera`` before use
+    (COLMAP's undistorted pinhole, or for its fisheye models an ideal fisheye).
 
     ``model`` and ``params`` follow COLMAP's camera models (pycolmap names).
     """
@@ -27,7 +28,8 @@ class Distortion:
 
 @dataclass
 class View:
-    """One image of the scene: the pinhole camera it is used with, and its file."""
+    """One image of the scene: the camera it is used with (pinhole or ideal fisheye),
+    and its file."""
 
     camera: Camera
     image_path: Path
