@@ -77,3 +77,22 @@ def test_a_band_is_cut_from_the_kept_image_or_read_alone():
     band = images.rows(second, 2, 7, like)
     assert reads == [None, (2, 7)] and band.dtype == torch.float64
     assert torch.equal(band, pixels_as_float(pixels[2:7]).double())
+
+
+def test_a_masked_image_is_kept_with_its_mask_and_counted_so():
+    """Four channels: the budget counts the mask's bytes before a band is cut."""
+    images = DeviceImages(budget=10 * 20 * 4 - 1, **OFF_HOST)
+    pixels = torch.randint(0, 256, (10, 20, 4), dtype=torch.uint8)
+    reads = []
+
+    def read(rows):
+        reads.append(rows)
+        return pixels if rows is None else pixels[rows[0]:rows[1]]
+    view = TrainView(views(1)[0].camera, read=read, masked=True)
+    like = torch.zeros(1, dtype=torch.float64)
+    band = images.rows(view, 2, 7, like)
+    assert reads == [(2, 7)], "one byte short of the image with its mask: read alone"
+    assert band.shape == (5, 20, 4) and torch.equal(band, pixels_as_float(pixels[2:7]).double())
+    roomy = DeviceImages(budget=10 * 20 * 4, **OFF_HOST)
+    assert roomy.rows(view, 2, 7, like).shape == (5, 20, 4) and reads[-1] is None
+    assert {name: kept.shape for name, kept in roomy.kept.items()} == {"view0": (10, 20, 4)}

@@ -3,21 +3,27 @@ reaches training."""
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import numba
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from splatscale.data.images import pixels_as_float
+from splatscale.data.colmap import read_colmap
+from splatscale.data.images import ImageStore, pixels_as_float
 from splatscale.engine import TrainView
 from splatscale.engine.factory import OffloadOptions, RankOptions, make_engine, shard_of
 from splatscale.engine.state import concat_states
 from splatscale.step.loss import photometric_loss, psnr
-from splatscale.step.ssim import ssim_map
+from splatscale.step.ssim import ssim_cpu, ssim_map, ssim_torch
 from splatscale.step.view_loss import band_loss, masked_in_values
 from splatscale.strategy.default import GradientNorms
-from tests.conftest import absgrad_run, densifying_run, densifying_scene, state_by_key
+from splatscale.train.metrics import ImageMetrics
+from tests.conftest import (absgrad_run, data_path, densifying_run, densifying_scene,
+                            state_by_key)
 
 
 def disc_mask(height: int, width: int, dtype=torch.float64) -> torch.Tensor:
@@ -36,9 +42,9 @@ def with_mask(target: torch.Tensor, under: torch.Tensor | None = None) -> torch.
     return torch.cat([colours, mask[..., None]], dim=-1)
 
 
-def masked_scene(noise: bool) -> tuple[list[TrainView], object]:
+def masked_scene(noise: bool, dtype=torch.float64) -> tuple[list[TrainView], object]:
     """``densifying_scene`` with a mask on every view; under it the photo, or noise."""
-    views, model = densifying_scene()
+    views, model = densifying_scene(dtype)
     generator = torch.Generator().manual_seed(5)
     masked = []
     for view in views:
@@ -98,8 +104,68 @@ def test_masked_band_shares_add_up_to_the_whole_image():
     assert errors == pytest.approx(whole_error, rel=1e-12)
 
 
-def test_without_a_mask_the_loss_is_unchanged_bit_for_bit():
-    """A target of three channels takes today's path; a mask of ones gives its value."""
+def test_the_masked_ssim_of_torch_equals_the_fused_kernel():
+    """The cuda backend's SSIM (torch) and the cpu backend's (numba), weighted by a mask,
+    over a band: value and gradient."""
+    torch.manual_seed(3)
+    image = torch.rand(30, 26, 3, dtype=torch.float64, requires_grad=True)
+    target = torch.rand(30, 26, 3, dtype=torch.float64)
+    mask = disc_mask(30, 26)
+    values = [ssim(image, target, (4, 21), 999, mask) for ssim in (ssim_cpu, ssim_torch)]
+    grads = [torch.autograd.grad(value, image)[0] for value in values]
+    torch.testing.assert_close(values[0], values[1], rtol=1e-12, atol=0)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-15)
+
+
+# Without masks, what commit 68d7002 (before masks) gave, computed by
+# ``without_masks``: per dtype and case the loss, the squared error and a digest of the
+# gradient; the test metrics (PSNR, SSIM); digests of two snowmiku images at half size.
+BEFORE_MASKS = {
+    "torch.float32/whole": ["0.4516655206680298", "777.1714543078854", "450f2b082fe48faa"],
+    "torch.float32/band": ["0.18951508402824402", "321.39091565499825", "8078ed3c288aaf50"],
+    "torch.float32/whole_pixels": ["0.12433743476867676", "208.35845298343258",
+                                   "59070962d928f1b9"],
+    "torch.float32/metrics": ["7.675899950251759", "0.09812363982200623"],
+    "torch.float64/whole": ["0.4420241442255934", "747.3602037297783", "5a6571000939a1a2"],
+    "torch.float64/band": ["0.1829300606815426", "302.0590988820443", "2173436632b95e06"],
+    "torch.float64/whole_pixels": ["0.12220730311647733", "204.522006931399",
+                                   "41ad0dade4ba848f"],
+    "torch.float64/metrics": ["7.8457686701576845", "0.11023066937923431"],
+    "images": ["7417376c8b6deb3c", "5e940232a0111a77"],
+}
+
+
+def digest(tensor: torch.Tensor) -> str:
+    return hashlib.sha256(tensor.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def without_masks(cache: Path) -> dict:
+    """The loss of a view, of a band and with whole pixels (AbsGS's), the test metrics,
+    and two images as the store reads them: every path masks change, without masks."""
+    found = {}
+    for dtype in (torch.float32, torch.float64):
+        generator = torch.Generator().manual_seed(7)
+        rgb = torch.rand(37, 41, 3, generator=generator, dtype=dtype).requires_grad_(True)
+        target = torch.rand(37, 41, 3, generator=generator, dtype=dtype)
+        for name, own, whole_pixels in (("whole", (0, 37), False), ("band", (5, 20), False),
+                                        ("whole_pixels", (10, 20), True)):
+            loss, error = band_loss(rgb, target, own, 3 * 37 * 41, 0.2, whole_pixels)
+            grad, = torch.autograd.grad(loss, rgb)
+            found[f"{dtype}/{name}"] = [repr(loss.item()), repr(error), digest(grad)]
+        metrics = ImageMetrics()
+        metrics.add(rgb.detach(), target)
+        found[f"{dtype}/metrics"] = [repr(metrics.scores[name][0]) for name in ("psnr", "ssim")]
+    store = ImageStore(read_colmap(data_path("snowmiku")), resolution=2, cache_dir=cache)
+    found["images"] = [digest(store.image(i)) for i in (0, 5)]
+    return found
+
+
+def test_without_masks_everything_is_as_it_was_bit_for_bit(tmp_path):
+    assert without_masks(tmp_path) == BEFORE_MASKS
+
+
+def test_a_mask_of_ones_is_no_mask():
+    """A mask that keeps every pixel gives the loss without one."""
     torch.manual_seed(2)
     image = torch.rand(19, 21, 3, dtype=torch.float32, requires_grad=True)
     target = torch.rand(19, 21, 3, dtype=torch.float32)
@@ -107,6 +173,15 @@ def test_without_a_mask_the_loss_is_unchanged_bit_for_bit():
     ones = torch.cat([target, torch.ones(19, 21, 1)], dim=-1)
     torch.testing.assert_close(photometric_loss(image, ones), plain, rtol=1e-6, atol=0)
     assert masked_in_values(target) == 3 * 19 * 21
+
+
+def test_a_steps_psnr_is_over_the_masked_in_pixels():
+    """The progress line's training PSNR: each view's over its masked-in pixels."""
+    views, model = masked_scene(noise=True)
+    engine = make_engine(model.detach(), 2, torch.zeros(3))
+    want = [psnr(engine.render(view.camera).rgb, view.target) for view in views[:2]]
+    result = engine.forward_backward(views[:2], GradientNorms())
+    assert result.psnr == pytest.approx(sum(want) / 2, rel=1e-12)
 
 
 def one_process_run(views, model, run=densifying_run, **options):
@@ -140,6 +215,17 @@ def test_noise_under_the_mask_trains_the_same_model(masked_runs, run):
     assert_same_state(noisy, clean, exact=True)
     unmasked_losses, _ = one_process_run(*densifying_scene(), globals()[run])
     assert unmasked_losses != clean_losses, "the mask must change the run"
+
+
+def test_the_cuda_backends_code_trains_with_masks_as_the_cpu_one(masked_runs):
+    """The engine's code with the cuda backend (gsplat's torch references standing in
+    for its kernels, on the CPU) trains the masked scene as the cpu backend does."""
+    from tests.test_cuda_backend import STAND_INS
+
+    losses, state = one_process_run(*masked_scene(True), densifying_run, backend=STAND_INS)
+    want_losses, want = masked_runs[(False, "densifying_run")]
+    torch.testing.assert_close(losses, want_losses, rtol=1e-9, atol=0)
+    assert_same_state(state, want, exact=False)
 
 
 @pytest.mark.parametrize("forwarding", [False, True])
