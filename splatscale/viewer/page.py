@@ -144,7 +144,7 @@ class Page:
 
     def show_model(self, model: GaussianModel) -> None:
         """Draw ``model`` in every browser (replacing the previous one); keep it for
-        exact renders."""
+        exact renders, which render it as it is (anti-aliased or not)."""
         self.model = model
         if self.unit is None:
             self.unit = _model_extent(model)
@@ -156,7 +156,10 @@ class Page:
         self.server.scene.add_gaussian_splats(
             "/splats", splats.centers, splats.covariances, splats.rgbs, splats.opacities,
             scale=splats.unit)
-        self.summary.content = f"**{self.title}** · {len(model):,} Gaussians"
+        self.summary.content = f"**{self.title}** · {len(model):,} Gaussians" + (
+            # viser's splats have no anti-aliased mode: its drawing is the plain one
+            " · anti-aliased: exact renders show it, the splats here are drawn without"
+            if model.antialiased else "")
 
     def exact(self, camera: Camera) -> np.ndarray:
         """uint8 render of the kept model at ``camera``, at its SH degree."""
