@@ -74,6 +74,18 @@ def _folder(text: str) -> Path:
     return Path(os.path.normpath(_nonempty(text)))
 
 
+def _mask_folder(text: str) -> str:
+    """An argparse type: a folder of masks that exists, as an absolute path (a resumed
+    run finds it from anywhere); "" (--masks alone, its const): where the scene keeps
+    them."""
+    if text == "":
+        return text
+    path = Path(text).expanduser()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: no such folder")
+    return str(path.resolve())
+
+
 def _pixel_count(text: str) -> int:
     """An argparse type: a number of pixels, as N, NK or NM (thousands, millions)."""
     number = text.strip().upper().removesuffix("P")
@@ -202,6 +214,14 @@ def _add_train_schedule(group) -> None:
                        help="3dgs: densify by the absolute view-space gradient, summed pixel "
                             "by pixel (AbsGS: splits large Gaussians over fine detail), with "
                             "its own threshold")
+    group.add_argument("--antialiased", action="store_true", default=None,
+                       help="anti-aliased splats (gsplat's antialiased mode, as in "
+                            "Mip-Splatting): the model holds its look when seen nearer or "
+                            "farther than it was trained; its files say so")
+    group.add_argument("--appearance", choices=("none", "affine"), default=None,
+                       help="affine: learn a colour transform per training image (a 3x3 "
+                            "matrix and an offset), for photos whose exposure or white "
+                            "balance changes; test views render without one (default none)")
     group.add_argument("--random-init", choices=("auto", "cameras", "cube"), default=None,
                        help="for a scene without points, where 100,000 random points go: "
                             "cameras (where the cameras look: an object), cube (3 scene "
@@ -293,6 +313,18 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--white-background", action="store_true", default=None,
                       help="render on white, not black (for a scene photographed on white; "
                            "a transforms.json scene with transparent images says so itself)")
+    data.add_argument("--masks", nargs="?", const="", default=None, type=_mask_folder,
+                      metavar="DIR",
+                      help="train only where each image's mask is white (black is ignored): "
+                           "masks/NAME.png or masks/NAME.jpg.png beside images/, a "
+                           "transforms.json frame's mask_path, or those in DIR")
+    data.add_argument("--alpha-mask", action="store_true", default=None,
+                      help="each image's alpha channel is its mask (transparent is ignored)")
+    data.add_argument("--invert-masks", action="store_true", default=None,
+                      help="masks are white where they ignore, black where they train")
+    data.add_argument("--skip-missing-masks", action="store_true", default=None,
+                      help="train every pixel of an image without a mask (default: refuse, "
+                           "naming it)")
     _add_common(data)
     _add_train_ranks(train.add_argument_group(
         "distributed (Grendel: several processes or GPUs train one model)"))

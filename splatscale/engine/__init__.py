@@ -58,13 +58,20 @@ class TrainView:
     [0, 1]. The target is given, or read from the image's uint8 pixels when an engine
     first asks: ``read(rows)`` reads them whole (``rows`` None) or only the rows
     ``[y0, y1)`` a rank renders, and an engine may take them as they are (a GPU keeps
-    a quarter of the bytes)."""
+    a quarter of the bytes). A target of four channels carries the image's mask in
+    the fourth (1: train, 0: ignore; ``step/loss.py``); ``masked`` says so of a view
+    that is read, before it is. ``appearance``, where given, is the image's colour
+    transform (``step/appearance.py``), a leaf: an engine maps its render by it before
+    the loss and leaves the transform's gradient, summed over ranks, in its ``grad``."""
 
     def __init__(self, camera: Camera, target: Tensor | None = None,
-                 read: Callable[[tuple[int, int] | None], Tensor] | None = None) -> None:
+                 read: Callable[[tuple[int, int] | None], Tensor] | None = None,
+                 appearance: Tensor | None = None, masked: bool = False) -> None:
         if (target is None) == (read is None):
             raise ValueError("TrainView: give either a target or a way to read it")
         self.camera, self._target, self._read = camera, target, read
+        self.masked = masked if target is None else target.shape[-1] == 4
+        self.appearance = appearance
         self._pixels: Tensor | None = None
 
     @property

@@ -22,9 +22,10 @@ from splatscale.engine.seen import tell, watch
 from splatscale.model.gaussians import GaussianModel
 from splatscale.backends import Backend, backend_for
 from splatscale.render import RenderOutput, project, rasterize
+from splatscale.step import appearance
 from splatscale.step.loss import psnr_of
 from splatscale.step.selection import Number
-from splatscale.step.view_loss import band_loss
+from splatscale.step.view_loss import band_loss, masked_in_values
 from splatscale.step.observer import Observer
 
 
@@ -50,8 +51,9 @@ class OneProcess:
             camera = view.camera
             out = rasterize(splats.of_camera(i), camera.width, camera.height,
                             background=self.background, backend=self.backend)
-            elements = 3 * camera.width * camera.height
-            view_loss, error = band_loss(out.rgb, self.targets.target(view),
+            target = self.targets.target(view)
+            elements = masked_in_values(target)
+            view_loss, error = band_loss(appearance.apply(out.rgb, view.appearance), target,
                                          (0, camera.height), elements, self.ssim_weight)
             shares.append(view_loss)
             psnrs.append(psnr_of(error, elements))

@@ -25,6 +25,7 @@ from splatscale.engine.state import (EngineState, concat_states, shard_rows, sta
                                      state_rows, state_size)
 from splatscale.errors import DataError
 from splatscale.model.gaussians import MAX_SH_DEGREE
+from splatscale.step import appearance
 from splatscale.train.config import TrainConfig
 
 FORMAT = 2  # 2: the trainer state holds the scene's fingerprint
@@ -192,10 +193,23 @@ def _check_trainer_state(trainer: dict, path: Path) -> None:
             raise DataError(f"{path}: its {name} must be {expected}, not "
                             f"{_shown(trainer[name])}")
     config = TrainConfig.from_dict(trainer["config"], f"{path}: config")
+    _check_appearance(trainer, config, path)
     if trainer["images_seen"] != trainer["steps"] * config.batch_size:
         raise DataError(f"{path}: its images_seen ({trainer['images_seen']}) is not its "
                         f"steps ({trainer['steps']}) times its batch size "
                         f"({config.batch_size})")
+
+
+def _check_appearance(trainer: dict, config: TrainConfig, path: Path) -> None:
+    """The colour transforms and their Adam: present exactly when the run trains them
+    (a checkpoint without them is of a run without them), and well formed."""
+    held = "appearance" in trainer
+    if held != (config.appearance != "none"):
+        raise DataError(f"{path}: its config's appearance is {config.appearance!r}, but it "
+                        f"{'holds' if held else 'lacks'} colour transforms")
+    problem = appearance.state_problem(trainer["appearance"]) if held else None
+    if problem is not None:
+        raise DataError(f"{path}: its appearance state is malformed ({problem})")
 
 
 def _check_rng_state(rng: dict, path: Path) -> None:

@@ -36,6 +36,13 @@ class TrainConfig(MCMCSettings, DefaultSettings, RefineSettings):
     sh_degree: int = 3
     sh_degree_interval: int = 1_000
     white_background: bool = False
+    # Masks (data/masks.py): None none; "" where the scene keeps them; else their folder.
+    masks: str | None = None
+    alpha_mask: bool = False          # each image's alpha channel is its mask
+    invert_masks: bool = False        # black trains, white is ignored
+    skip_missing_masks: bool = False  # an image without a mask trains every pixel
+    appearance: str = "none"          # "affine": a colour transform per training image
+    antialiased: bool = False         # gsplat's anti-aliased splats (rasterize_mode="antialiased")
     # Every schedule above (counted in images) times this: 0.1 is a whole 3DGS run in
     # 3,000 images, as gsplat's steps_scaler. 1 is the original schedule.
     schedule_scale: float = 1.0
@@ -45,6 +52,11 @@ class TrainConfig(MCMCSettings, DefaultSettings, RefineSettings):
         if self.densify_until is not None:
             return self.densify_until
         return STRATEGIES[self.strategy].default_refine_until
+
+    @property
+    def masked(self) -> bool:
+        """Whether the run trains with masks (a folder's, or the images' alpha)."""
+        return self.masks is not None or self.alpha_mask
 
     def scaled(self, factor: float) -> "TrainConfig":
         """These settings with every schedule (the run's length, the learning rate's
@@ -81,7 +93,7 @@ SCHEDULES = ("iterations", "position_lr_max_steps", "densify_from", "densify_int
 AT_LEAST_ONE = {"iterations", "batch_size", "position_lr_max_steps", "densify_interval",
                 "sh_degree_interval", "max_gaussians"}
 CHOICES = {"strategy": tuple(STRATEGIES), "random_init": ("auto", "cameras", "cube"),
-           "sh_degree": (0, 1, 2, 3)}
+           "sh_degree": (0, 1, 2, 3), "appearance": ("none", "affine")}
 
 
 def _check_setting(name: str, kind: str, value, where: str) -> None:
@@ -94,6 +106,8 @@ def _check_setting(name: str, kind: str, value, where: str) -> None:
     if name in CHOICES:
         fits = type(value) is type(CHOICES[name][0]) and value in CHOICES[name]
         expected = " or ".join(map(repr, CHOICES[name]))
+    elif base == "str":
+        fits, expected = isinstance(value, str), "a string"
     elif base == "bool":
         fits, expected = isinstance(value, bool), "true or false"
     elif base == "int":

@@ -30,6 +30,8 @@ from splatscale.model.init import (plain_background, random_points_in_cube,
                                    random_points_in_view)
 from splatscale.model.orientation import cameras_up
 from splatscale.model.ply import write_ply_parts
+from splatscale.step import appearance
+from splatscale.step.appearance import Appearance
 from splatscale.step.optimizer import batch_hyperparameters
 from splatscale.strategy import Strategy, make_strategy
 from splatscale.train import metrics
@@ -71,14 +73,14 @@ def random_init_rule(store: ImageStore, train_ids: list[int], config: TrainConfi
     if config.random_init != "auto":
         return config.random_init
     sample = train_ids[::max(1, len(train_ids) // RANDOM_INIT_SAMPLE)][:RANDOM_INIT_SAMPLE]
-    images = [store.image(i).numpy() for i in sample]
+    images = [store.image(i)[..., :3].numpy() for i in sample]
     return "cameras" if plain_background(images) else "cube"
 
 
 def initial_model(scene: Scene, store: ImageStore, train_ids: list[int], config: TrainConfig,
                   strategy: Strategy) -> GaussianModel:
     """The SfM points, or random points by ``random_init_rule`` (no more than the
-    strategy's budget)."""
+    strategy's budget), anti-aliased where the config says."""
     points, colors = scene.points, scene.colors
     budget = strategy.max_gaussians
     if len(points) == 0:
@@ -90,7 +92,7 @@ def initial_model(scene: Scene, store: ImageStore, train_ids: list[int], config:
         raise DataError(f"--max-gaussians {config.max_gaussians}: {scene.source} starts "
                         f"from {len(points)} SfM points, more than that")
     return init_from_points(points, colors, opacity=strategy.initial_opacity,
-                            scale=strategy.initial_scale)
+                            scale=strategy.initial_scale, antialiased=config.antialiased)
 
 
 class Trainer:
@@ -129,6 +131,8 @@ class Trainer:
         self.order = torch.Generator().manual_seed(config.seed)
         self.queue: list[int] = []
         self.checkpoint_images: int | None = None  # images seen at the last checkpoint
+        self.appearance = (Appearance(len(scene.views), config.batch_size)
+                           if config.appearance == "affine" else None)
 
     # -- schedule -------------------------------------------------------------------
 
@@ -156,8 +160,12 @@ class Trainer:
             engine.set_sh_degree(self.sh_degree)
         # Read when an engine asks: a rank reads only the rows it renders, so only one
         # process reads the next batch's whole images ahead.
-        batch = [TrainView(self.store.camera(i), read=partial(self.store.image, i))
-                 for i in self._next_batch()]
+        ids = self._next_batch()
+        transforms = self.appearance.leaves(ids) if self.appearance else []
+        batch = [TrainView(self.store.camera(i), read=partial(self.store.image, i),
+                           appearance=transforms[k] if transforms else None,
+                           masked=self.store.masked)
+                 for k, i in enumerate(ids)]
         upcoming = self.queue[-c.batch_size:]  # the next batch, where queued
         engine.read_ahead(lambda: self.store.read_ahead(upcoming))
         strategy = self.strategy
@@ -170,6 +178,9 @@ class Trainer:
             self._diverged(f"the loss of images {before + 1}..{after} is {result.loss}")
         changes = strategy.before_adam(engine, before, after)
         engine.optimizer_step(self.learning_rates(before + 1))
+        if self.appearance:
+            self.appearance.step(ids, transforms, Appearance.learning_rate(
+                before + 1, c.position_lr_max_steps))
         # The means' rate of the next step, as Adam takes it (the batch-size rule).
         means_lr = batch_hyperparameters(self.learning_rates(after + 1)["means"],
                                          c.batch_size).lr
@@ -274,9 +285,11 @@ class Trainer:
     def evaluate(self, ids: list[int] | None = None, render_dir: Path | None = None) -> dict:
         """Test metrics over views ``ids`` (the test views); their renders written to
         ``render_dir``, a folder of renders of the run's own, if given, each beside its
-        photo (as trained on: ``NAME.photo.png``)."""
+        photo (as trained on: ``NAME.photo.png``). With masks, scored over the masked-in
+        pixels (``metrics.ImageMetrics``)."""
         ids = self.test_ids if ids is None else ids
         scores = metrics.ImageMetrics()
+        fitted = metrics.ImageMetrics() if self.appearance else None
         names = render_names([self.store.camera(i).name for i in ids])
         folder = RenderFolder(render_dir) if render_dir is not None else None
         if folder is not None:
@@ -287,9 +300,14 @@ class Trainer:
             out = self.engine.render(self.store.camera(i))
             image = out.rgb.clamp(0, 1).cpu()
             scores.add(image, self.store.as_float(i))
+            if fitted is not None:  # the NeRF-W score of a model with per-image colours
+                fitted.add(*appearance.fitted_right_half(image, self.store.as_float(i)))
             if folder is not None:
                 self._write(folder.write, name, (image * 255).round().to(torch.uint8).numpy())
-                self._write(folder.write, photo_name(name), self.store.image(i).numpy())
+                self._write(folder.write, photo_name(name),
+                            self.store.image(i)[..., :3].contiguous().numpy())
+        if fitted is not None:
+            return {**scores.summary(), "fitted_affine_right_half": fitted.summary()}
         return scores.summary()
 
     def finish(self) -> dict:
@@ -308,10 +326,12 @@ class Trainer:
             "wall_seconds": self.train_seconds,
             "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "threading_layer": threading_layer(),
+            "antialiased": self.config.antialiased,
         }
         if self.test_ids:
             report["test"] = self.evaluate(render_dir=o.output / "renders" / "test")
             report["test_views"] = len(self.test_ids)
+            report["test_masked"] = self.store.masked  # scores over masked-in pixels only
             self._write(_append_jsonl, o.output / "metrics.jsonl",
                         {"images": self.images_seen, "test": report["test"]})
         self._write(write_json, o.output / "report.json", report)
@@ -343,12 +363,13 @@ class Trainer:
 
     def _save_model(self, path: Path) -> None:
         """``path`` as one PLY, streamed part by part by the writing rank, with the
-        training cameras' up (a viewer of the PLY alone shows it upright)."""
+        training cameras' up (a viewer of the PLY alone shows it upright) and whether
+        its splats are anti-aliased."""
         self._require_finite()
         count, parts = self.engine.num_gaussians(), self.engine.model_parts()
         if self.options.writes:
             up = cameras_up([self.store.camera(i) for i in self.train_ids])
-            write_ply_parts(parts, count, path, up)
+            write_ply_parts(parts, count, path, up, self.config.antialiased)
         else:
             for _ in parts:  # a rank's own part goes to the writer as this runs
                 pass
@@ -357,6 +378,7 @@ class Trainer:
         return {"images_seen": self.images_seen, "steps": self.steps, "sh_degree": self.sh_degree,
                 "train_seconds": self.train_seconds, "order": self.order.get_state(),
                 "queue": list(self.queue), "config": self.config.to_dict(),
+                **({"appearance": self.appearance.state_dict()} if self.appearance else {}),
                 "scene": self.scene_fingerprint, "eval_split": self.options.eval_split}
 
     def save_checkpoint(self) -> None:
@@ -379,6 +401,11 @@ class Trainer:
         if unknown:
             raise DataError(f"{path}: queue names view {unknown[0]}, not a training view "
                             "of the run")
+        if self.appearance:  # the checkpoint holds it (``load_checkpoint`` checks so)
+            problem = appearance.state_problem(state["appearance"], len(self.scene.views))
+            if problem is not None:
+                raise DataError(f"{path}: its appearance state is not this scene's ({problem})")
+            self.appearance.load_state_dict(state["appearance"])
         self.engine.load_state_dict(engine_state)
         self.images_seen, self.steps = state["images_seen"], state["steps"]
         self.sh_degree = state["sh_degree"]

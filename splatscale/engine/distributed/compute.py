@@ -26,7 +26,7 @@ every rank of the process group:
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -46,14 +46,25 @@ from splatscale.engine.seen import tell, watch
 from splatscale.model.gaussians import GaussianModel
 from splatscale.backends import Backend, backend_for
 from splatscale.render import RenderOutput, Splats, project, rasterize
+from splatscale.step import appearance
 from splatscale.step.loss import psnr_of
 from splatscale.step.selection import Number
-from splatscale.step.view_loss import band_loss
+from splatscale.step.view_loss import band_loss, masked_in_values
 from splatscale.step.observer import Observer
 
 # Shards are rebalanced after an edit that replaced rows, when the largest exceeds the
 # smallest by this.
 MAX_IMBALANCE = 1.1
+
+
+def stacked_gradients(transforms: list[Tensor], grads: Sequence[Tensor | None]) -> Tensor:
+    """The colour transforms' gradients, [T, 3, 4] float64 on the host (zero for one
+    no own pixel reached)."""
+    stacked = torch.zeros(len(transforms), 3, 4, dtype=torch.float64)
+    for k, grad in enumerate(grads):
+        if grad is not None:
+            stacked[k] = grad
+    return stacked
 
 
 class ManyRanks:
@@ -91,11 +102,17 @@ class ManyRanks:
         bands = partition(work, cameras, self.world, self.row_cost())
         received, received_ints = self._exchange(splats, bands, cameras, halos)
 
+        targets = [self.targets.rows(batch[band.camera],
+                                     *render_rows(band, cameras[band.camera], halos),
+                                     like=received) for band in bands[self.rank]]
+        values = self._counted_values(batch, bands[self.rank], targets, halos)
         began = self._clock()
-        loss, squared_errors = self._own_loss(batch, bands[self.rank], received, received_ints,
-                                              halos)
+        loss, squared_errors = self._own_loss(batch, bands[self.rank], targets, values,
+                                              received, received_ints, halos)
         # The own bands' backward first, timed: the rest waits for the other ranks.
-        received_grad, = torch.autograd.grad(loss, received)
+        transforms = [view.appearance for view in batch if view.appearance is not None]
+        received_grad, *transform_grads = torch.autograd.grad(loss, [received, *transforms],
+                                                              allow_unused=True)
         seconds = self._clock() - began
         received.backward(received_grad)
         rows.gradients_taken(working)
@@ -104,12 +121,16 @@ class ManyRanks:
         reports[self.rank] = torch.tensor(
             [*rendered_workload(work, bands[self.rank], cameras, halos), seconds],
             dtype=torch.float64)
+        # The transforms' gradients ride on the sum: every rank holds the same transforms.
+        summed_transforms = stacked_gradients(transforms, transform_grads)
         totals = torch.cat([loss.detach().to("cpu", torch.float64)[None], squared_errors,
-                            reports.view(-1)])
+                            reports.view(-1), summed_transforms.view(-1)])
         collectives.all_reduce(totals)
-        self.fitted_cost.add(totals[1 + len(batch):].view(self.world, 3))
-        psnrs = [psnr_of(float(totals[1 + c]), 3 * v.camera.width * v.camera.height)
-                 for c, v in enumerate(batch)]
+        reported = 1 + len(batch) + 3 * self.world
+        self.fitted_cost.add(totals[1 + len(batch):reported].view(self.world, 3))
+        for transform, grad in zip(transforms, totals[reported:].view(-1, 3, 4)):
+            transform.grad = grad
+        psnrs = [psnr_of(float(totals[1 + c]), values[c]) for c in range(len(batch))]
         return StepResult(float(totals[0]), sum(psnrs) / len(psnrs),
                           {**working.measured, "bands": bands, "render_seconds": seconds})
 
@@ -120,14 +141,34 @@ class ManyRanks:
         backend_for(device).synchronize(device)  # the device's own, whatever renders
         return time.perf_counter()
 
-    def _own_loss(self, batch: list[TrainView], bands: list[Band], floats: Tensor,
-                  ints: Tensor, halos: int) -> tuple[Tensor, Tensor]:
+    def _counted_values(self, batch: list[TrainView], bands: list[Band],
+                        targets: list[Tensor], halos: int) -> list[int]:
+        """The values each view's loss counts (``masked_in_values``): 3 per pixel, or
+        per masked-in pixel of a view with a mask, summed over every rank's own rows
+        (``targets``: this rank's bands' rendered rows), so that each rank divides its
+        share by the whole image's count."""
+        values = [3 * view.camera.width * view.camera.height for view in batch]
+        if not any(view.masked for view in batch):
+            return values
+        counts = torch.zeros(len(batch), dtype=torch.int64)
+        for band, target in zip(bands, targets):
+            y0, _ = render_rows(band, batch[band.camera].camera, halos)
+            counts[band.camera] += masked_in_values(target, (band.rows[0] - y0,
+                                                             band.rows[1] - y0))
+        collectives.all_reduce(counts)
+        return [int(count) if view.masked else whole
+                for count, view, whole in zip(counts, batch, values)]
+
+    def _own_loss(self, batch: list[TrainView], bands: list[Band], targets: list[Tensor],
+                  values: list[int], floats: Tensor, ints: Tensor,
+                  halos: int) -> tuple[Tensor, Tensor]:
         """This rank's share of the batch's loss, and its squared error per image."""
         # Every rank's loss must reach the exchange, or its backward collective would hang.
         loss = 0.0 * floats.sum()
         squared_errors = torch.zeros(len(batch), dtype=torch.float64)
-        for band in bands:
-            share, error = self._band_loss(band, batch[band.camera], floats, ints, halos)
+        for band, target in zip(bands, targets):
+            share, error = self._band_loss(band, batch[band.camera], target,
+                                           values[band.camera], floats, ints, halos)
             loss = loss + share
             squared_errors[band.camera] += error
         return loss / len(batch), squared_errors
@@ -148,18 +189,18 @@ class ManyRanks:
                                           recv_counts),
                 all_to_all(ints.index_select(0, send), send_counts, recv_counts))
 
-    def _band_loss(self, band: Band, view: TrainView, floats: Tensor, ints: Tensor,
-                   halos: int) -> tuple[Tensor, float]:
-        """The band's share of its image's loss, and its rows' summed squared error."""
+    def _band_loss(self, band: Band, view: TrainView, target: Tensor, values: int,
+                   floats: Tensor, ints: Tensor, halos: int) -> tuple[Tensor, float]:
+        """The band's share of its image's loss (of ``values`` counted values), against
+        ``target`` (the band's rendered rows), and its rows' summed squared error."""
         camera = view.camera
         y0, y1 = render_rows(band, camera, halos)
         out = rasterize(unpack(floats, ints, band.camera, camera), camera.width,
                         camera.height, rows=(y0, y1), background=self.background,
                         backend=self.backend)
         own = (band.rows[0] - y0, band.rows[1] - y0)
-        return band_loss(out.rgb, self.targets.rows(view, y0, y1, like=out.rgb), own,
-                         3 * camera.width * camera.height, self.ssim_weight,
-                         whole_pixels=halos == 2)
+        return band_loss(appearance.apply(out.rgb, view.appearance), target, own, values,
+                         self.ssim_weight, whole_pixels=halos == 2)
 
     def rebalance(self, rows: Rows) -> None:
         """Move rows between ranks, every per-row tensor with them, so that the shards
@@ -210,7 +251,7 @@ class ManyRanks:
             columns = rows.split(widths, dim=1)
             yield GaussianModel(**{name: column.reshape(-1, *t.shape[1:]) for (name, t), column
                                    in zip(shard.parameters().items(), columns)},
-                                sh_degree=shard.sh_degree)
+                                sh_degree=shard.sh_degree, antialiased=shard.antialiased)
 
     @torch.no_grad()
     def render(self, rows: Rows, camera: Camera) -> RenderOutput:
