@@ -23,6 +23,7 @@ from splatscale.data.image_memory import default_budget
 from splatscale.data.camera_path import orbit
 from splatscale.data.cameras import Camera
 from splatscale.data.images import ImageStore
+from splatscale.data.masks import MaskSource, find_masks
 from splatscale.data.video import even_size, write_mp4
 from splatscale.data.scene import Scene
 from splatscale.engine import Engine
@@ -65,16 +66,18 @@ def _scene(args: Namespace):
 
 
 def _store(args: Namespace, scene, white_background: bool = False,
-           local: tuple[int, int] = (0, 1)) -> ImageStore:
+           local: tuple[int, int] = (0, 1), masks: MaskSource | None = None) -> ImageStore:
     """The scene's images for rank ``local[0]`` of the ``local[1]`` processes of this
     machine: as many kept in memory as its equal share of --image-memory allows
-    (saying so when that is not all of them), its share of them decoded first."""
+    (saying so when that is not all of them), its share of them decoded first; with
+    ``masks``, each with its mask."""
     local_ranks = local[1]
     background = (1.0, 1.0, 1.0) if white_background else scene.background
     machine = default_budget() if args.image_memory is None else args.image_memory
     budget = machine // local_ranks
     store = ImageStore(scene, args.resolution or 1, args.max_width, args.cache_dir, background,
-                       memory_budget=budget, decode_share=local, max_pixels=args.max_pixels)
+                       memory_budget=budget, decode_share=local, max_pixels=args.max_pixels,
+                       masks=masks)
     decoded = store.decoded_bytes()
     if decoded > budget:
         share = (f", {_size_text(budget)} for each of {local_ranks} ranks"
@@ -103,6 +106,13 @@ def _check_flags(args: Namespace) -> None:
     for flag, value in (("--port", args.port), ("--host", args.host)):
         if value is not None and not args.viewer:
             raise SplatscaleError(f"{flag}: only with --viewer")
+    if args.masks is not None and args.alpha_mask:
+        raise SplatscaleError("--alpha-mask: the masks are the images' alpha channels or "
+                              "files (--masks), not both")
+    for flag, value in (("--invert-masks", args.invert_masks),
+                        ("--skip-missing-masks", args.skip_missing_masks)):
+        if value and args.masks is None and not args.alpha_mask:
+            raise SplatscaleError(f"{flag}: only with --masks or --alpha-mask")
 
 
 def _check_device(args: Namespace, ranks: group.Membership | None) -> None:
@@ -317,7 +327,10 @@ def _checked_inputs(args: Namespace, ranks: group.Membership | None = None) -> T
         _tell_held_out(scene)
     _check_flags_act(args, config, scene, images_seen)
     local = (ranks.local_rank, ranks.local_world) if ranks else (0, 1)
-    return TrainInputs(folder, config, scene, _store(args, scene, config.white_background, local))
+    masks = (find_masks(scene, config.masks or "", config.alpha_mask, config.invert_masks,
+                        config.skip_missing_masks) if config.masked else None)
+    return TrainInputs(folder, config, scene,
+                       _store(args, scene, config.white_background, local, masks))
 
 
 def _share_cores(args: Namespace, ranks: group.Membership | None) -> None:
@@ -445,9 +458,13 @@ def _read_as_run(args: Namespace, record: RunRecord | None) -> None:
 
 def _store_as_run(args: Namespace, record: RunRecord | None) -> ImageStore:
     """The scene's images read as the run of ``record`` read them, unless the flags
-    say otherwise (``_read_as_run``), on its background."""
+    say otherwise (``_read_as_run``), on its background, with its masks."""
     _read_as_run(args, record)
-    return _store(args, _scene(args), record is not None and record.white_background)
+    scene = _scene(args)
+    masks = (find_masks(scene, record.masks or "", record.alpha_mask, record.invert_masks,
+                        record.skip_missing_masks)
+             if record is not None and record.masked else None)
+    return _store(args, scene, record is not None and record.white_background, masks=masks)
 
 
 def _split_ids(scene: Scene, split: str, record: RunRecord | None) -> list[int]:
@@ -480,7 +497,8 @@ def _views(args: Namespace) -> Views:
     model = read_model(model_file).model
     store = _store_as_run(args, record)
     ids = _split_ids(store.scene, args.split, record)
-    about = {"model": str(model_file.resolve()), "split": args.split,
+    about = {"model": str(model_file.resolve()), "antialiased": model.antialiased,
+             "split": args.split,
              "data": None if args.data is None else str(Path(args.data).resolve()),
              "resolution": args.resolution or 1, "max_width": args.max_width,
              "max_pixels": args.max_pixels}
@@ -560,7 +578,10 @@ def evaluate(args: Namespace) -> None:
     scores = ImageMetrics()
     for i, rgb in zip(views.ids, _rendered(views)):
         scores.add(rgb, views.store.as_float(i))
-    print(json.dumps(scores.summary()))
+    scored = scores.summary()
+    if views.store.masked:  # as the run's masks say: over the masked-in pixels
+        scored["masked"] = True
+    print(json.dumps(scored))
 
 
 def export(args: Namespace) -> None:

@@ -160,9 +160,10 @@ def train(scene: Path, output: Path, *flags: str) -> int:
                  "--quiet", "--cache-dir", str(output.parent / "cache"), *flags])
 
 
-def test_a_masked_run_trains_the_same_model_whatever_lies_under_the_masks(tmp_path):
+def test_a_masked_run_trains_the_same_model_whatever_lies_under_the_masks(tmp_path, capsys):
     """Through the command line, at half resolution: the same PLY, bit for bit; test
-    scores over the masked-in pixels, as report.json says."""
+    scores over the masked-in pixels, as report.json says, and as ``eval`` scores the
+    run's model."""
     outputs = []
     for kind in ("clean", "noise"):
         scene = colmap_scene(tmp_path / kind, noise=kind == "noise")
@@ -172,6 +173,11 @@ def test_a_masked_run_trains_the_same_model_whatever_lies_under_the_masks(tmp_pa
     assert clean == noisy
     report = json.loads((outputs[0] / "report.json").read_text())
     assert report["test_masked"] is True
+    capsys.readouterr()
+    assert main(["eval", str(outputs[0]), "--cache-dir", str(tmp_path / "cache")]) == 0
+    scored = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert scored["masked"] is True
+    assert scored["psnr"] == pytest.approx(report["test"]["psnr"], rel=1e-6)
     assert train(tmp_path / "noise", tmp_path / "plain", "--resolution", "2") == 0
     assert (tmp_path / "plain" / "point_cloud.ply").read_bytes() != clean
     assert json.loads((tmp_path / "plain" / "report.json").read_text())["test_masked"] is False
@@ -214,3 +220,7 @@ def test_skip_missing_masks_trains_every_pixel_of_those(tmp_path, capsys):
     missing(scene)
     assert train(scene, tmp_path / "run", "--masks", "--skip-missing-masks") == 0
     assert "1 of the 4 images have no mask" in capsys.readouterr().err
+    # A resumed run keeps its masks, with no flag saying so again.
+    assert main(["train", "-o", str(tmp_path / "run"), "--resume", "--iterations", "8",
+                 "--quiet", "--cache-dir", str(tmp_path / "cache")]) == 0
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["test_masked"] is True

@@ -31,6 +31,14 @@ class RunRecord:
     max_pixels: int | None
     eval: bool                    # every 8th view held out for testing
     white_background: bool
+    masks: str | None = None      # as TrainConfig's: the masks it trained with
+    alpha_mask: bool = False
+    invert_masks: bool = False
+    skip_missing_masks: bool = False
+
+    @property
+    def masked(self) -> bool:
+        return self.masks is not None or self.alpha_mask
 
 
 # Each field of a record, what it may be, and its value when absent (None: required).
@@ -44,6 +52,10 @@ FIELDS: dict[str, tuple[Callable[[object], bool], str, object]] = {
                    "null or an integer of at least 256", None),
     "eval": (lambda v: isinstance(v, bool), "true or false", False),
     "white_background": (lambda v: isinstance(v, bool), "true or false", False),
+    "masks": (lambda v: v is None or isinstance(v, str), "a path, \"\" or null", None),
+    "alpha_mask": (lambda v: isinstance(v, bool), "true or false", False),
+    "invert_masks": (lambda v: isinstance(v, bool), "true or false", False),
+    "skip_missing_masks": (lambda v: isinstance(v, bool), "true or false", False),
 }
 
 
