@@ -4,6 +4,7 @@ process in float64, resume and checkpoints, and the default untouched."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numba
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from splatscale.cli import main
 from splatscale.engine import TrainView
 from splatscale.engine.distributed.cost_model import RowCost
 from splatscale.engine.state import concat_states
@@ -22,6 +24,7 @@ from splatscale.step.appearance import Appearance, apply, fit, fitted_right_half
 from splatscale.step.loss import psnr
 from splatscale.step.optimizer import batch_hyperparameters
 from splatscale.train.checkpoint import load_checkpoint
+from splatscale.train.config import TrainConfig
 from tests.conftest import TRAIN_RATES, densifying_scene, state_by_key
 from tests.test_training import SHORT, make_trainer
 
@@ -345,3 +348,26 @@ def test_evaluation_reports_both_scores(tmp_path):
     fitted = [psnr(*fitted_right_half(r, p)) for r, p in zip(renders, photos)]
     assert scores["fitted_affine_right_half"]["psnr"] == pytest.approx(sum(fitted) / 2)
     assert "ssim" in scores["fitted_affine_right_half"]
+
+
+def test_the_command_line_trains_reports_and_resumes_with_transforms(tmp_path, capfd):
+    out, cache = tmp_path / "run", ["--cache-dir", str(tmp_path / "cache")]
+    assert main(["train", "-o", str(out), "--iterations", "16", "--batch-size", "2", "--eval",
+                 "--appearance", "affine", "--quiet", *cache]) == 0
+    report = json.loads(capfd.readouterr().out)
+    assert report["appearance"] == "affine"
+    assert set(report["test"]["fitted_affine_right_half"]) >= {"psnr", "ssim"}
+    assert json.loads((out / "config.json").read_text())["appearance"] == "affine"
+    saved = load_checkpoint(out / "checkpoint.pt")[0]["appearance"]
+    assert main(["train", "-o", str(out), "--resume", "--iterations", "24", "--appearance",
+                 "none", "--quiet", *cache]) == 0
+    captured = capfd.readouterr()
+    assert "--appearance none ignored" in captured.err
+    resumed = load_checkpoint(out / "checkpoint.pt")[0]["appearance"]
+    assert resumed["steps"] == saved["steps"] + 4, "the resumed run kept its transforms"
+
+
+def test_a_setting_of_another_kind_is_refused(tmp_path):
+    with pytest.raises(DataError, match="config: appearance must be 'none' or 'affine', "
+                                        "not 'bilateral'"):
+        TrainConfig.from_dict({"appearance": "bilateral"}, "checkpoint.pt: config")

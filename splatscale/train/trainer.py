@@ -327,6 +327,7 @@ class Trainer:
             "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "threading_layer": threading_layer(),
             "antialiased": self.config.antialiased,
+            "appearance": self.config.appearance,  # "affine": test.fitted_affine_right_half
         }
         if self.test_ids:
             report["test"] = self.evaluate(render_dir=o.output / "renders" / "test")
