@@ -10,9 +10,11 @@ import torch
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project, render
 from splatscale.render.projection import _EwaPairs, _ewa_pairs, visibility
-from splatscale.render.splats import camera_tensors
+from splatscale.render.splats import camera_tensors, fisheye_cameras
 from tests.conftest import assert_radii_match, look_at_camera, orbit_cameras, random_model
 from tests.gsplat_reference import brute_force_render, cuda_gradient, gsplat_projection
+
+CPU = torch.device("cpu")
 
 
 def antialiased(model: GaussianModel, flag: bool = True) -> GaussianModel:
@@ -61,7 +63,8 @@ def test_kernels_equal_the_torch_reference_and_gsplat(wide_scene):
     model, cameras = wide_scene
     gaussian_ids, camera_ids, viewmats, Ks, sizes = pairs_of(model, cameras)
     leaves = leaves_of(model)
-    ours = _EwaPairs.apply(*leaves, gaussian_ids, camera_ids, viewmats, Ks, sizes, True)
+    ours = _EwaPairs.apply(*leaves, gaussian_ids, camera_ids, viewmats, Ks, sizes,
+                           fisheye_cameras(cameras, CPU), True)
     reference = _ewa_pairs(*(t[gaussian_ids] for t in leaves), viewmats[camera_ids],
                            Ks[camera_ids], sizes[camera_ids], True)
     trial = GaussianModel(leaves[0], leaves[1], leaves[2], model.opacity_logits, model.sh0,
@@ -90,7 +93,8 @@ def test_kernels_pass_gradcheck(wide_scene):
     gaussian_ids, camera_ids, viewmats, Ks, sizes = pairs_of(small, cameras)
     assert len(gaussian_ids) > 20
     assert torch.autograd.gradcheck(
-        lambda *p: _EwaPairs.apply(*p, gaussian_ids, camera_ids, viewmats, Ks, sizes, True),
+        lambda *p: _EwaPairs.apply(*p, gaussian_ids, camera_ids, viewmats, Ks, sizes,
+                                   fisheye_cameras(cameras, CPU), True),
         leaves_of(small), atol=1e-5, rtol=1e-4)
 
 

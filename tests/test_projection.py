@@ -10,9 +10,11 @@ from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project
 from splatscale.render.sh import sh_to_color
+from splatscale.render.splats import fisheye_cameras
 from tests.conftest import (assert_radii_match, data_path, gsplat_kernel_boxes, orbit_cameras,
                             random_model)
 
+CPU = torch.device("cpu")
 gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl",
                                    reason="gsplat==1.5.3 (test extra) is the reference")
 
@@ -76,7 +78,8 @@ def test_projection_kernels_equal_the_torch_projection(wide_scene):
     gaussian_ids, camera_ids, viewmats, Ks, sizes = pairs_of(model, cameras)
     leaves = [t.detach().clone().requires_grad_(True)
               for t in (model.means, model.quats, model.log_scales)]
-    ours = _EwaPairs.apply(*leaves, gaussian_ids, camera_ids, viewmats, Ks, sizes, False)[:3]
+    ours = _EwaPairs.apply(*leaves, gaussian_ids, camera_ids, viewmats, Ks, sizes,
+                           fisheye_cameras(cameras, CPU), False)[:3]
     reference = _ewa_pairs(*(t[gaussian_ids] for t in leaves), viewmats[camera_ids],
                            Ks[camera_ids], sizes[camera_ids])[:3]
     for a, b in zip(ours, reference):
@@ -102,7 +105,7 @@ def test_projection_kernels_pass_gradcheck(wide_scene):
               for t in (small.means, small.quats, small.log_scales)]
     assert torch.autograd.gradcheck(
         lambda *p: _EwaPairs.apply(*p, gaussian_ids, camera_ids, viewmats, Ks, sizes,
-                                   False)[:3], leaves)
+                                   fisheye_cameras(cameras, CPU), False)[:3], leaves)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -15,3 +15,4 @@ RADIUS_SIGMAS = 3.33    # the box's half-extent in sigmas, at most
 ALPHA_MAX = 0.999       # alpha = min(0.999, opacity exp(-sigma))
 ALPHA_MIN = 1.0 / 255.0  # a smaller alpha is skipped
 T_MIN = 1e-4            # a pixel stops before its transmittance would fall to this
+FISHEYE_EPS = 1e-7      # gsplat's fisheye projection adds it to |(x, y)|, z and x^2

@@ -19,12 +19,13 @@ from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
-from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FRUSTUM_CLAMP,
-                                           NEAR_PLANE, RADIUS_SIGMAS)
+from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_EPS,
+                                           FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS)
 from splatscale.backends import Backend, backend_for
 from splatscale.render import projection_kernels, sh_kernels
 from splatscale.render.sh import sh_to_color
-from splatscale.render.splats import Splats, camera_centres, camera_offsets, camera_tensors
+from splatscale.render.splats import (Splats, camera_centres, camera_offsets, camera_tensors,
+                                     fisheye_cameras)
 
 
 def quat_to_rotmat(quats: Tensor) -> Tensor:
@@ -70,16 +71,9 @@ def _dot3(a: Tensor, b: Tensor) -> Tensor:
     return a[..., 0] * b[..., 0] + a[..., 1] * b[..., 1] + a[..., 2] * b[..., 2]
 
 
-def _project_pairs(means: Tensor, factors: Tensor, viewmats: Tensor, Ks: Tensor,
-                   sizes: Tensor, antialiased: bool = False) -> _Projected:
-    """EWA projection, elementwise over broadcastable leading dimensions; with
-    ``antialiased``, the compensations too.
-
-    The 2D covariance J W M (J W M)^T is formed from its 2x3 factor J W M
-    (W the camera rotation, M = R S), which costs less than J W M M^T W^T J^T.
-    """
-    rotation, translation = viewmats[..., :3, :3], viewmats[..., :3, 3]
-    x, y, z = (_matrix_times(rotation, means) + translation).unbind(-1)
+def _pinhole(x: Tensor, y: Tensor, z: Tensor, rotation: Tensor, Ks: Tensor,
+             sizes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """means2d and the rows of J W of camera-space points through pinhole cameras."""
     fx, fy, cx, cy = Ks[..., 0, 0], Ks[..., 1, 1], Ks[..., 0, 2], Ks[..., 1, 2]
     width, height = sizes[..., 0], sizes[..., 1]
     # Clamp to 1.3x the frustum (gsplat's limits) so the Jacobian stays sane far off-image.
@@ -95,10 +89,50 @@ def _project_pairs(means: Tensor, factors: Tensor, viewmats: Tensor, Ks: Tensor,
            - (fx * tx / (z * z))[..., None] * rotation[..., 2, :])
     jw1 = ((fy / z)[..., None] * rotation[..., 1, :]
            - (fy * ty / (z * z))[..., None] * rotation[..., 2, :])
+    return torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1), jw0, jw1
+
+
+def _fisheye(x: Tensor, y: Tensor, z: Tensor, rotation: Tensor,
+             Ks: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """means2d and the rows of J W of camera-space points through fisheye cameras: the
+    equidistant projection r = f theta and its Jacobian, as gsplat's ``_fisheye_proj``
+    (no frustum clamp; its eps in |(x, y)|, z and x^2)."""
+    fx, fy, cx, cy = Ks[..., 0, 0], Ks[..., 1, 1], Ks[..., 0, 2], Ks[..., 1, 2]
+    xy_len = torch.sqrt(x * x + y * y) + FISHEYE_EPS
+    theta = torch.atan2(xy_len, z + FISHEYE_EPS)
+    means2d = torch.stack([x * fx * theta / xy_len + cx, y * fy * theta / xy_len + cy], dim=-1)
+    x2, y2, xy = x * x + FISHEYE_EPS, y * y, x * y
+    x2y2 = x2 + y2
+    x2y2z2_inv = 1.0 / (x2y2 + z * z)
+    b = torch.atan2(xy_len, z) / xy_len / x2y2
+    a = z * x2y2z2_inv / x2y2
+    rows = ((fx * (x2 * a + y2 * b), fx * xy * (a - b), -fx * x * x2y2z2_inv),
+            (fy * xy * (a - b), fy * (y2 * a + x2 * b), -fy * y * x2y2z2_inv))
+    jw0, jw1 = (j0[..., None] * rotation[..., 0, :] + j1[..., None] * rotation[..., 1, :]
+                + j2[..., None] * rotation[..., 2, :] for j0, j1, j2 in rows)
+    return means2d, jw0, jw1
+
+
+def _project_pairs(means: Tensor, factors: Tensor, viewmats: Tensor, Ks: Tensor,
+                   sizes: Tensor, antialiased: bool = False,
+                   fisheye: Tensor | None = None) -> _Projected:
+    """EWA projection, elementwise over broadcastable leading dimensions; with
+    ``antialiased``, the compensations too. ``fisheye`` (bool, broadcastable to the
+    pairs) marks the pairs of fisheye cameras; None: every camera is a pinhole.
+
+    The 2D covariance J W M (J W M)^T is formed from its 2x3 factor J W M
+    (W the camera rotation, M = R S), which costs less than J W M M^T W^T J^T.
+    """
+    rotation, translation = viewmats[..., :3, :3], viewmats[..., :3, 3]
+    x, y, z = (_matrix_times(rotation, means) + translation).unbind(-1)
+    means2d, jw0, jw1 = _pinhole(x, y, z, rotation, Ks, sizes)
+    if fisheye is not None:
+        wide = fisheye[..., None]
+        means2d, jw0, jw1 = (torch.where(wide, theirs, ours) for theirs, ours in
+                             zip(_fisheye(x, y, z, rotation, Ks), (means2d, jw0, jw1)))
     b0, b1 = _row_times(jw0, factors), _row_times(jw1, factors)
     xx, xy, yy = _dot3(b0, b0), _dot3(b0, b1), _dot3(b1, b1)
     cov2d = torch.stack([xx + EPS2D, xy, yy + EPS2D], dim=-1)
-    means2d = torch.stack([fx * x / z + cx, fy * y / z + cy], dim=-1)
     compensations = None
     if antialiased:
         dilated_det = (xx + EPS2D) * (yy + EPS2D) - xy * xy
@@ -150,12 +184,13 @@ class Visibility:
 
 
 def _ewa_pairs(means: Tensor, quats: Tensor, log_scales: Tensor, viewmats: Tensor, Ks: Tensor,
-               sizes: Tensor, antialiased: bool = False
+               sizes: Tensor, antialiased: bool = False, fisheye: Tensor | None = None
                ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """means2d, conics, depths and (``antialiased``; else None) compensations of pairs,
-    in torch: the reference of ``_EwaPairs``."""
+    in torch: the reference of ``_EwaPairs`` (``fisheye`` [pairs] bool, or None for
+    pinholes only)."""
     factors = covariance_factor(quats, torch.exp(log_scales))
-    proj = _project_pairs(means, factors, viewmats, Ks, sizes, antialiased)
+    proj = _project_pairs(means, factors, viewmats, Ks, sizes, antialiased, fisheye)
     cxx, cxy, cyy = proj.cov2d.unbind(-1)
     det = cxx * cyy - cxy * cxy
     return (proj.means2d, torch.stack([cyy / det, -cxy / det, cxx / det], dim=-1), proj.depths,
@@ -164,17 +199,18 @@ def _ewa_pairs(means: Tensor, quats: Tensor, log_scales: Tensor, viewmats: Tenso
 
 class _EwaPairs(torch.autograd.Function):
     """``_ewa_pairs`` of the pairs (gaussian_ids, camera_ids), by numba kernels: one
-    pass over the pairs each way, only the inputs saved."""
+    pass over the pairs each way, only the inputs saved. ``fisheye`` [C] bool: the
+    cameras with the equidistant projection."""
 
     @staticmethod
     def forward(ctx, means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes,
-                antialiased):
+                fisheye, antialiased):
         count, dtype = len(gaussian_ids), means.dtype
         means2d, conics = torch.empty(count, 2, dtype=dtype), torch.empty(count, 3, dtype=dtype)
         depths = torch.empty(count, dtype=dtype)
         compensations = torch.empty(count if antialiased else 0, dtype=dtype)
         inputs = [t.detach().contiguous() for t in (means, quats, log_scales, gaussian_ids,
-                                                    camera_ids, viewmats, Ks, sizes)]
+                                                    camera_ids, viewmats, Ks, sizes, fisheye)]
         projection_kernels.project_forward(*(t.numpy() for t in inputs), antialiased,
                                            means2d.numpy(), conics.numpy(), depths.numpy(),
                                            compensations.numpy())
@@ -184,7 +220,7 @@ class _EwaPairs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, v_means2d, v_conics, v_depths, v_compensations):
-        means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes = (
+        means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes, fisheye = (
             ctx.saved_tensors)
         pairs = len(gaussian_ids)
         zero = torch.zeros((), dtype=means.dtype)
@@ -196,9 +232,9 @@ class _EwaPairs(torch.autograd.Function):
         projection_kernels.project_backward(
             means.numpy(), quats.numpy(), log_scales.numpy(), gaussian_ids.numpy(),
             camera_offsets(camera_ids, len(viewmats)).numpy(), viewmats.numpy(), Ks.numpy(),
-            sizes.numpy(), ctx.antialiased, *grads, v_means.numpy(), v_quats.numpy(),
-            v_log_scales.numpy())
-        return v_means, v_quats, v_log_scales, None, None, None, None, None, None
+            sizes.numpy(), fisheye.numpy(), ctx.antialiased, *grads, v_means.numpy(),
+            v_quats.numpy(), v_log_scales.numpy())
+        return v_means, v_quats, v_log_scales, None, None, None, None, None, None, None
 
 
 def _sh_colors(means: Tensor, sh0: Tensor, shN: Tensor, gaussian_ids: Tensor,
@@ -267,31 +303,42 @@ def _geometry_tensors(model: Geometry, cameras: list[Camera]
 @torch.no_grad()
 def visibility_cpu(model: Geometry, cameras: list[Camera]) -> Visibility:
     """``visibility`` by the numba kernel (CPU tensors)."""
-    return _visibility_kernel(*_geometry_tensors(model, cameras), antialiased=model.antialiased)
+    return _visibility_kernel(*_geometry_tensors(model, cameras),
+                              fisheye=fisheye_cameras(cameras, model.means.device),
+                              antialiased=model.antialiased)
 
 
 @torch.no_grad()
 def visibility_torch(model: Geometry, cameras: list[Camera]) -> Visibility:
     """``visibility`` in torch operations, on any device: every pair projected at once."""
-    return _visibility_torch(*_geometry_tensors(model, cameras), antialiased=model.antialiased)
+    fisheye = (fisheye_cameras(cameras, model.means.device)
+               if any(c.model == "fisheye" for c in cameras) else None)
+    return _visibility_torch(*_geometry_tensors(model, cameras), fisheye=fisheye,
+                             antialiased=model.antialiased)
 
 
 def _visibility_torch(means: Tensor, quats: Tensor, log_scales: Tensor, opacity_logits: Tensor,
-                      viewmats: Tensor, Ks: Tensor, sizes: Tensor,
+                      viewmats: Tensor, Ks: Tensor, sizes: Tensor, fisheye: Tensor | None = None,
                       antialiased: bool = False) -> Visibility:
+    """``fisheye`` [C] bool, or None for pinholes only."""
     factors = covariance_factor(quats, torch.exp(log_scales))
     dense = _project_pairs(means[None], factors[None], viewmats[:, None], Ks[:, None],
-                           sizes[:, None], antialiased)
+                           sizes[:, None], antialiased,
+                           None if fisheye is None else fisheye[:, None])
     return Visibility(*_radii_and_visibility(dense, torch.sigmoid(opacity_logits),
                                              sizes[:, None]))
 
 
-def _visibility_kernel(*tensors: Tensor, antialiased: bool = False) -> Visibility:
+def _visibility_kernel(*tensors: Tensor, fisheye: Tensor | None = None,
+                       antialiased: bool = False) -> Visibility:
+    """``fisheye`` [C] bool, or None for pinholes only."""
     cameras, count = len(tensors[4]), len(tensors[0])
     radii = torch.empty(cameras, count, 2, dtype=torch.int32)
     visible = torch.empty(cameras, count, dtype=torch.bool)
+    if fisheye is None:
+        fisheye = torch.zeros(cameras, dtype=torch.bool)
     projection_kernels.visibility(*(t.detach().contiguous().numpy() for t in tensors),
-                                  antialiased, radii.numpy(), visible.numpy())
+                                  fisheye.numpy(), antialiased, radii.numpy(), visible.numpy())
     return Visibility(radii, visible)
 
 
@@ -319,7 +366,7 @@ def project_cpu(model: GaussianModel, cameras: list[Camera],
     # backward) follows what is on screen, not the size of the model.
     means2d, conics, depths, compensations = _EwaPairs.apply(
         model.means, model.quats, model.log_scales, gaussian_ids, camera_ids, viewmats, Ks,
-        sizes, model.antialiased)
+        sizes, fisheye_cameras(cameras, model.means.device), model.antialiased)
     colors = _ShColors.apply(model.means, model.sh0, model.shN, gaussian_ids, camera_ids,
                              camera_centres(viewmats), model.sh_degree)
     opacities = torch.sigmoid(model.opacity_logits.index_select(0, gaussian_ids))

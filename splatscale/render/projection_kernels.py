@@ -12,6 +12,16 @@ follow it operation for operation:
     means2d = (fx x / z + cx, fy y / z + cy);  depth = z
     anti-aliased: compensation = sqrt(max(0, det(cov2d - eps2d I) / det cov2d))
 
+A fisheye camera (``fisheye[c]``) has the equidistant projection instead, as
+gsplat 1.5.3's CUDA kernel computes it (``fisheye_proj``, no frustum clamp):
+
+    theta = atan2(|(x, y)| + eps, z + eps);  means2d = f theta (x, y) / (|(x, y)| + eps) + c
+    J its Jacobian, from x^2 + eps, y^2 and z (gsplat's ``fisheye_proj``)
+
+and its backward follows that kernel's ``fisheye_proj_vjp``: the means' gradient
+through J and J's derivative as the kernel writes them. Its torch reference
+differentiates the forward instead; the two differ by about eps relative.
+
 The backward adds each pair's gradient (means 3, quats 4, log-scales 3) to its
 Gaussian's row camera by camera, so results do not depend on the number of
 threads.
@@ -33,8 +43,8 @@ import math
 import numba
 from numba import prange
 
-from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FRUSTUM_CLAMP,
-                                           NEAR_PLANE, RADIUS_SIGMAS)
+from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_EPS,
+                                           FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS)
 
 CHUNK = 256  # pairs (or Gaussians) per parallel task
 
@@ -116,49 +126,88 @@ def _compensation(undilated_det, det):  # pragma: no cover - compiled
     return math.sqrt(max(0.0, undilated_det / det))
 
 
+@numba.njit(inline="always")
+def _fisheye_jacobian(Ks, c, x, y, z):  # pragma: no cover - compiled
+    """means2d and J (row-major, 6 values) of the equidistant projection of (x, y, z),
+    as gsplat's ``fisheye_proj``."""
+    fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
+    xy_len = math.sqrt(x * x + y * y) + FISHEYE_EPS
+    theta = math.atan2(xy_len, z + FISHEYE_EPS)
+    mx = x * fx * theta / xy_len + Ks[c, 0, 2]
+    my = y * fy * theta / xy_len + Ks[c, 1, 2]
+    x2, y2, xy = x * x + FISHEYE_EPS, y * y, x * y
+    x2y2 = x2 + y2
+    x2y2z2_inv = 1.0 / (x2y2 + z * z)
+    b = math.atan2(xy_len, z) / xy_len / x2y2
+    a = z * x2y2z2_inv / x2y2
+    jacobian = (fx * (x2 * a + y2 * b), fx * xy * (a - b), -fx * x * x2y2z2_inv,
+                fy * xy * (a - b), fy * (y2 * a + x2 * b), -fy * y * x2y2z2_inv)
+    return mx, my, jacobian
+
+
+@numba.njit(inline="always")
+def _fisheye_jw_rows(viewmats, Ks, c, x, y, z):  # pragma: no cover - compiled
+    """means2d, J W (row-major, 6 values) and J of a fisheye camera."""
+    mx, my, j = _fisheye_jacobian(Ks, c, x, y, z)
+    jw = (j[0] * viewmats[c, 0, 0] + j[1] * viewmats[c, 1, 0] + j[2] * viewmats[c, 2, 0],
+          j[0] * viewmats[c, 0, 1] + j[1] * viewmats[c, 1, 1] + j[2] * viewmats[c, 2, 1],
+          j[0] * viewmats[c, 0, 2] + j[1] * viewmats[c, 1, 2] + j[2] * viewmats[c, 2, 2],
+          j[3] * viewmats[c, 0, 0] + j[4] * viewmats[c, 1, 0] + j[5] * viewmats[c, 2, 0],
+          j[3] * viewmats[c, 0, 1] + j[4] * viewmats[c, 1, 1] + j[5] * viewmats[c, 2, 1],
+          j[3] * viewmats[c, 0, 2] + j[4] * viewmats[c, 1, 2] + j[5] * viewmats[c, 2, 2])
+    return mx, my, jw, j
+
+
+@numba.njit(inline="always")
+def _write_pair(i, jw, rot, scale, antialiased, conics,
+                compensations):  # pragma: no cover - compiled
+    """Pair i's conic and (``antialiased``) compensation, from its J W."""
+    _, a, bb, cc, undilated_det = _cov2d(jw, rot, scale)
+    det = a * cc - bb * bb
+    conics[i, 0], conics[i, 1], conics[i, 2] = cc / det, -bb / det, a / det
+    if antialiased:
+        compensations[i] = _compensation(undilated_det, det)
+
+
 @numba.njit(nogil=True, cache=True)
 def _forward_pairs(lo, hi, means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks,
-                   sizes, antialiased, means2d, conics, depths,
+                   sizes, fisheye, antialiased, means2d, conics, depths,
                    compensations):  # pragma: no cover - compiled
     """Pairs [lo, hi): means2d, conic, depth and (``antialiased``) compensation."""
     for i in range(lo, hi):
         g, c = gaussian_ids[i], camera_ids[i]
         x, y, z = _camera_point(means, g, viewmats, c)
-        jw, _, _, _, _ = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
         _, _, _, _, _, rot = _rotation(quats, g)
-        _, a, bb, cc, undilated_det = _cov2d(jw, rot, _scales(log_scales, g))
-        det = a * cc - bb * bb
-        means2d[i, 0] = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
-        means2d[i, 1] = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
-        conics[i, 0], conics[i, 1], conics[i, 2] = cc / det, -bb / det, a / det
+        scale = _scales(log_scales, g)
+        if fisheye[c]:
+            means2d[i, 0], means2d[i, 1], jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
+            _write_pair(i, jw, rot, scale, antialiased, conics, compensations)
+        else:
+            pinhole_jw, _, _, _, _ = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
+            means2d[i, 0] = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
+            means2d[i, 1] = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
+            _write_pair(i, pinhole_jw, rot, scale, antialiased, conics, compensations)
         depths[i] = z
-        if antialiased:
-            compensations[i] = _compensation(undilated_det, det)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def project_forward(means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes,
-                    antialiased, means2d, conics, depths,
+                    fisheye, antialiased, means2d, conics, depths,
                     compensations):  # pragma: no cover - compiled
-    """``compensations`` is written only where ``antialiased`` (else it may be empty)."""
+    """``fisheye`` [C] bool: the cameras with the equidistant projection;
+    ``compensations`` is written only where ``antialiased`` (else it may be empty)."""
     pairs = gaussian_ids.shape[0]
     for chunk in prange((pairs + CHUNK - 1) // CHUNK):
         _forward_pairs(chunk * CHUNK, min(pairs, (chunk + 1) * CHUNK), means, quats, log_scales,
-                       gaussian_ids, camera_ids, viewmats, Ks, sizes, antialiased, means2d,
-                       conics, depths, compensations)
+                       gaussian_ids, camera_ids, viewmats, Ks, sizes, fisheye, antialiased,
+                       means2d, conics, depths, compensations)
 
 
 @numba.njit(inline="always")
-def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, antialiased,
-                   v_means2d, v_conics, v_depths, v_compensations,
-                   i):  # pragma: no cover - compiled
-    """d loss / d (mean 3, quat 4, log-scale 3) of pair i (Gaussian g, camera c), as a
-    10-tuple."""
-    fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
-    x, y, z = _camera_point(means, g, viewmats, c)
-    jw, tx, ty, held_x, held_y = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
-    qw, qx, qy, qz, norm, rot = _rotation(quats, g)
-    scale = _scales(log_scales, g)
+def _cov2d_gradient(jw, rot, scale, antialiased, v_conics, v_compensations,
+                    i):  # pragma: no cover - compiled
+    """From pair i's gradients of its conic and compensation: b, d loss / d b, the
+    gradient of the rows of J W (two 3-tuples) and of R (r, 9 values)."""
     b, a, bb, cc, undilated_det = _cov2d(jw, rot, scale)
     inv = 1.0 / (a * cc - bb * bb)
     inv2 = inv * inv
@@ -192,6 +241,44 @@ def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, antialia
     r = (e[0] * jw[0] + e[3] * jw[3], e[1] * jw[0] + e[4] * jw[3], e[2] * jw[0] + e[5] * jw[3],
          e[0] * jw[1] + e[3] * jw[4], e[1] * jw[1] + e[4] * jw[4], e[2] * jw[1] + e[5] * jw[4],
          e[0] * jw[2] + e[3] * jw[5], e[1] * jw[2] + e[4] * jw[5], e[2] * jw[2] + e[5] * jw[5])
+    return b, v_b, v_jw0, v_jw1, r
+
+
+@numba.njit(inline="always")
+def _parameter_gradient(viewmats, c, v_x, v_y, v_z, qw, qx, qy, qz, norm, r, b,
+                        v_b):  # pragma: no cover - compiled
+    """d loss / d (mean 3, quat 4, log-scale 3) from the camera-space centre's gradient,
+    R's (r) and b's."""
+    # R of the normalised quaternion (w, x, y, z), then the normalisation
+    v_w = 2 * (-qz * r[1] + qy * r[2] + qz * r[3] - qx * r[5] - qy * r[6] + qx * r[7])
+    v_qx = 2 * (qy * r[1] + qz * r[2] + qy * r[3] - 2 * qx * r[4] - qw * r[5] + qz * r[6]
+                + qw * r[7] - 2 * qx * r[8])
+    v_qy = 2 * (-2 * qy * r[0] + qx * r[1] + qw * r[2] + qx * r[3] + qz * r[5] - qw * r[6]
+                + qz * r[7] - 2 * qy * r[8])
+    v_qz = 2 * (-2 * qz * r[0] - qw * r[1] + qx * r[2] + qw * r[3] - 2 * qz * r[4]
+                + qy * r[5] + qx * r[6] + qy * r[7])
+    along = qw * v_w + qx * v_qx + qy * v_qy + qz * v_qz
+    return (viewmats[c, 0, 0] * v_x + viewmats[c, 1, 0] * v_y + viewmats[c, 2, 0] * v_z,
+            viewmats[c, 0, 1] * v_x + viewmats[c, 1, 1] * v_y + viewmats[c, 2, 1] * v_z,
+            viewmats[c, 0, 2] * v_x + viewmats[c, 1, 2] * v_y + viewmats[c, 2, 2] * v_z,
+            (v_w - qw * along) / norm, (v_qx - qx * along) / norm,
+            (v_qy - qy * along) / norm, (v_qz - qz * along) / norm,
+            v_b[0] * b[0] + v_b[3] * b[3], v_b[1] * b[1] + v_b[4] * b[4],
+            v_b[2] * b[2] + v_b[5] * b[5])
+
+
+@numba.njit(inline="always")
+def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, antialiased,
+                   v_means2d, v_conics, v_depths, v_compensations,
+                   i):  # pragma: no cover - compiled
+    """d loss / d (mean 3, quat 4, log-scale 3) of pair i (Gaussian g, pinhole camera c),
+    as a 10-tuple."""
+    fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
+    x, y, z = _camera_point(means, g, viewmats, c)
+    jw, tx, ty, held_x, held_y = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
+    qw, qx, qy, qz, norm, rot = _rotation(quats, g)
+    b, v_b, v_jw0, v_jw1, r = _cov2d_gradient(jw, rot, _scales(log_scales, g), antialiased,
+                                              v_conics, v_compensations, i)
     # jw[0] = (fx / z) W_0 - (fx tx / z^2) W_2;  jw[1] likewise with fy, ty, W_1
     v_mx, v_my = v_means2d[i, 0], v_means2d[i, 1]
     v_x = v_mx * fx / z
@@ -214,49 +301,104 @@ def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, antialia
         v_z += v_ty * ty / z
     else:
         v_y += v_ty
-    # R of the normalised quaternion (w, x, y, z), then the normalisation
-    v_w = 2 * (-qz * r[1] + qy * r[2] + qz * r[3] - qx * r[5] - qy * r[6] + qx * r[7])
-    v_qx = 2 * (qy * r[1] + qz * r[2] + qy * r[3] - 2 * qx * r[4] - qw * r[5] + qz * r[6]
-                + qw * r[7] - 2 * qx * r[8])
-    v_qy = 2 * (-2 * qy * r[0] + qx * r[1] + qw * r[2] + qx * r[3] + qz * r[5] - qw * r[6]
-                + qz * r[7] - 2 * qy * r[8])
-    v_qz = 2 * (-2 * qz * r[0] - qw * r[1] + qx * r[2] + qw * r[3] - 2 * qz * r[4]
-                + qy * r[5] + qx * r[6] + qy * r[7])
-    along = qw * v_w + qx * v_qx + qy * v_qy + qz * v_qz
-    return (viewmats[c, 0, 0] * v_x + viewmats[c, 1, 0] * v_y + viewmats[c, 2, 0] * v_z,
-            viewmats[c, 0, 1] * v_x + viewmats[c, 1, 1] * v_y + viewmats[c, 2, 1] * v_z,
-            viewmats[c, 0, 2] * v_x + viewmats[c, 1, 2] * v_y + viewmats[c, 2, 2] * v_z,
-            (v_w - qw * along) / norm, (v_qx - qx * along) / norm,
-            (v_qy - qy * along) / norm, (v_qz - qz * along) / norm,
-            v_b[0] * b[0] + v_b[3] * b[3], v_b[1] * b[1] + v_b[4] * b[4],
-            v_b[2] * b[2] + v_b[5] * b[5])
+    return _parameter_gradient(viewmats, c, v_x, v_y, v_z, qw, qx, qy, qz, norm, r, b, v_b)
+
+
+@numba.njit(inline="always")
+def _fisheye_pair_gradient(means, quats, log_scales, g, viewmats, Ks, c, antialiased,
+                           v_means2d, v_conics, v_depths, v_compensations,
+                           i):  # pragma: no cover - compiled
+    """``_pair_gradient`` of a fisheye camera's pair: the camera-space centre's gradient
+    as gsplat's CUDA kernel computes it (``fisheye_proj_vjp``): through J for means2d,
+    and through J's derivative, as that kernel writes it, for the covariance."""
+    fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
+    x, y, z = _camera_point(means, g, viewmats, c)
+    _, _, jw, j = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
+    qw, qx, qy, qz, norm, rot = _rotation(quats, g)
+    b, v_b, v_jw0, v_jw1, r = _cov2d_gradient(jw, rot, _scales(log_scales, g), antialiased,
+                                              v_conics, v_compensations, i)
+    # J W's rows' gradient to J's: v_J[r][k] = sum_m v_jw_r[m] W[k][m]
+    v_j = (v_jw0[0] * viewmats[c, 0, 0] + v_jw0[1] * viewmats[c, 0, 1]
+           + v_jw0[2] * viewmats[c, 0, 2],
+           v_jw0[0] * viewmats[c, 1, 0] + v_jw0[1] * viewmats[c, 1, 1]
+           + v_jw0[2] * viewmats[c, 1, 2],
+           v_jw0[0] * viewmats[c, 2, 0] + v_jw0[1] * viewmats[c, 2, 1]
+           + v_jw0[2] * viewmats[c, 2, 2],
+           v_jw1[0] * viewmats[c, 0, 0] + v_jw1[1] * viewmats[c, 0, 1]
+           + v_jw1[2] * viewmats[c, 0, 2],
+           v_jw1[0] * viewmats[c, 1, 0] + v_jw1[1] * viewmats[c, 1, 1]
+           + v_jw1[2] * viewmats[c, 1, 2],
+           v_jw1[0] * viewmats[c, 2, 0] + v_jw1[1] * viewmats[c, 2, 1]
+           + v_jw1[2] * viewmats[c, 2, 2])
+    v_mx, v_my = v_means2d[i, 0], v_means2d[i, 1]
+    v_x = j[0] * v_mx + j[3] * v_my
+    v_y = j[1] * v_mx + j[4] * v_my
+    v_z = j[2] * v_mx + j[5] * v_my + v_depths[i]
+    # d J / d (x, y, z), gsplat's closed forms
+    x2, y2, xy = x * x + FISHEYE_EPS, y * y, x * y
+    x2y2 = x2 + y2
+    len_xy = math.sqrt(x * x + y * y) + FISHEYE_EPS
+    x2y2z2 = x2y2 + z * z
+    x2y2z2_inv = 1.0 / x2y2z2
+    theta = math.atan2(len_xy, z)
+    l4 = x2y2z2 * x2y2z2
+    e_ = -l4 * x2y2 * theta + x2y2z2 * x2y2 * len_xy * z
+    f_ = 3 * l4 * theta - 3 * x2y2z2 * len_xy * z - 2 * x2y2 * len_xy * z
+    a_ = x * (3 * e_ + x2 * f_)
+    b_ = y * (e_ + x2 * f_)
+    c_ = x * (e_ + y2 * f_)
+    d_ = y * (3 * e_ + y2 * f_)
+    s1, s2 = x2 - y2 - z * z, y2 - x2 - z * z
+    inv1 = x2y2z2_inv * x2y2z2_inv
+    inv2 = inv1 / (x2y2 * x2y2 * len_xy)
+    v_x += (fx * a_ * inv2 * v_j[0] + fx * b_ * inv2 * v_j[1] + fx * s1 * inv1 * v_j[2]
+            + fy * b_ * inv2 * v_j[3] + fy * c_ * inv2 * v_j[4] + 2 * fy * xy * inv1 * v_j[5])
+    v_y += (fx * b_ * inv2 * v_j[0] + fx * c_ * inv2 * v_j[1] + 2 * fx * xy * inv1 * v_j[2]
+            + fy * c_ * inv2 * v_j[3] + fy * d_ * inv2 * v_j[4] + fy * s2 * inv1 * v_j[5])
+    v_z += (fx * s1 * inv1 * v_j[0] + 2 * fx * xy * inv1 * v_j[1] + 2 * fx * x * z * inv1 * v_j[2]
+            + 2 * fy * xy * inv1 * v_j[3] + fy * s2 * inv1 * v_j[4]
+            + 2 * fy * y * z * inv1 * v_j[5])
+    return _parameter_gradient(viewmats, c, v_x, v_y, v_z, qw, qx, qy, qz, norm, r, b, v_b)
+
+
+@numba.njit(inline="always")
+def _add_gradient(g, grad, v_means, v_quats, v_log_scales):  # pragma: no cover - compiled
+    v_means[g, 0] += grad[0]
+    v_means[g, 1] += grad[1]
+    v_means[g, 2] += grad[2]
+    v_quats[g, 0] += grad[3]
+    v_quats[g, 1] += grad[4]
+    v_quats[g, 2] += grad[5]
+    v_quats[g, 3] += grad[6]
+    v_log_scales[g, 0] += grad[7]
+    v_log_scales[g, 1] += grad[8]
+    v_log_scales[g, 2] += grad[9]
 
 
 @numba.njit(nogil=True, cache=True)
 def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats, Ks, sizes,
-                    antialiased, v_means2d, v_conics, v_depths, v_compensations, v_means,
-                    v_quats, v_log_scales):  # pragma: no cover - compiled
+                    fisheye, antialiased, v_means2d, v_conics, v_depths, v_compensations,
+                    v_means, v_quats, v_log_scales):  # pragma: no cover - compiled
     """Pairs [lo, hi), all of camera c: each one's gradient added to its Gaussian's rows."""
+    if fisheye[c]:
+        for i in range(lo, hi):
+            g = gaussian_ids[i]
+            _add_gradient(g, _fisheye_pair_gradient(
+                means, quats, log_scales, g, viewmats, Ks, c, antialiased, v_means2d, v_conics,
+                v_depths, v_compensations, i), v_means, v_quats, v_log_scales)
+        return
     for i in range(lo, hi):
         g = gaussian_ids[i]
-        grad = _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, antialiased,
-                              v_means2d, v_conics, v_depths, v_compensations, i)
-        v_means[g, 0] += grad[0]
-        v_means[g, 1] += grad[1]
-        v_means[g, 2] += grad[2]
-        v_quats[g, 0] += grad[3]
-        v_quats[g, 1] += grad[4]
-        v_quats[g, 2] += grad[5]
-        v_quats[g, 3] += grad[6]
-        v_log_scales[g, 0] += grad[7]
-        v_log_scales[g, 1] += grad[8]
-        v_log_scales[g, 2] += grad[9]
+        _add_gradient(g, _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c,
+                                        antialiased, v_means2d, v_conics, v_depths,
+                                        v_compensations, i), v_means, v_quats, v_log_scales)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def project_backward(means, quats, log_scales, gaussian_ids, camera_offsets, viewmats, Ks,
-                     sizes, antialiased, v_means2d, v_conics, v_depths, v_compensations,
-                     v_means, v_quats, v_log_scales):  # pragma: no cover - compiled
+                     sizes, fisheye, antialiased, v_means2d, v_conics, v_depths,
+                     v_compensations, v_means, v_quats,
+                     v_log_scales):  # pragma: no cover - compiled
     """v_means[g], v_quats[g], v_log_scales[g] += the gradients of each pair of Gaussian
     g (three arrays, not views of one: a gradient must be contiguous, or autograd
     copies it); ``v_compensations`` is read only where ``antialiased``. Camera by
@@ -267,16 +409,37 @@ def project_backward(means, quats, log_scales, gaussian_ids, camera_offsets, vie
         lo, hi = camera_offsets[c], camera_offsets[c + 1]
         for chunk in prange((hi - lo + CHUNK - 1) // CHUNK):
             _backward_pairs(lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK), c, means,
-                            quats, log_scales, gaussian_ids, viewmats, Ks, sizes, antialiased,
-                            v_means2d, v_conics, v_depths, v_compensations, v_means, v_quats,
-                            v_log_scales)
+                            quats, log_scales, gaussian_ids, viewmats, Ks, sizes, fisheye,
+                            antialiased, v_means2d, v_conics, v_depths, v_compensations,
+                            v_means, v_quats, v_log_scales)
+
+
+@numba.njit(inline="always")
+def _box(jw, rot, scale, mx, my, width, height, opacity, sigmas,
+         antialiased):  # pragma: no cover - compiled
+    """(rx, ry, visible) of a pair in front of the camera, from its J W and means2d."""
+    _, a, bb, cc, undilated_det = _cov2d(jw, rot, scale)
+    det = a * cc - bb * bb
+    extent = sigmas
+    if antialiased and det > 0:
+        seen = opacity * _compensation(undilated_det, det)
+        if seen < ALPHA_MIN:
+            return 0, 0, False
+        extent = min(RADIUS_SIGMAS, math.sqrt(2 * math.log(seen / ALPHA_MIN)))
+    rx, ry = math.ceil(extent * math.sqrt(a)), math.ceil(extent * math.sqrt(cc))
+    if (det > 0 and (rx > 0 or ry > 0) and mx + rx > 0
+            and mx - rx < width and my + ry > 0 and my - ry < height):
+        return rx, ry, True
+    return 0, 0, False
 
 
 @numba.njit(nogil=True, cache=True)
 def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, Ks, sizes,
-                   antialiased, radii, visible):  # pragma: no cover - compiled
+                   fisheye, antialiased, radii, visible):  # pragma: no cover - compiled
     """Gaussians [lo, hi)'s columns of ``visibility``. An anti-aliased splat is drawn
-    with opacity times its compensation: its box and the opacity cull take that."""
+    with opacity times its compensation: its box and the opacity cull take that. A
+    fisheye camera's pairs have the near plane, box and image test of a pinhole's (as
+    gsplat's kernel), around the equidistant projection."""
     for g in range(lo, hi):
         _, _, _, _, _, rot = _rotation(quats, g)
         scale = _scales(log_scales, g)
@@ -288,29 +451,25 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
             radii[c, g, 0], radii[c, g, 1], visible[c, g] = 0, 0, False
             if not (NEAR_PLANE < z < FAR_PLANE) or opacity < ALPHA_MIN:
                 continue
-            jw, _, _, _, _ = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
-            _, a, bb, cc, undilated_det = _cov2d(jw, rot, scale)
-            det = a * cc - bb * bb
-            extent = sigmas
-            if antialiased and det > 0:
-                seen = opacity * _compensation(undilated_det, det)
-                if seen < ALPHA_MIN:
-                    continue
-                extent = min(RADIUS_SIGMAS, math.sqrt(2 * math.log(seen / ALPHA_MIN)))
-            rx, ry = math.ceil(extent * math.sqrt(a)), math.ceil(extent * math.sqrt(cc))
-            mx = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
-            my = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
-            if (det > 0 and (rx > 0 or ry > 0) and mx + rx > 0
-                    and mx - rx < width and my + ry > 0 and my - ry < height):
-                radii[c, g, 0], radii[c, g, 1], visible[c, g] = rx, ry, True
+            if fisheye[c]:
+                mx, my, jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
+                rx, ry, seen = _box(jw, rot, scale, mx, my, width, height, opacity, sigmas,
+                                    antialiased)
+            else:
+                pinhole_jw, _, _, _, _ = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
+                rx, ry, seen = _box(pinhole_jw, rot, scale, Ks[c, 0, 0] * x / z + Ks[c, 0, 2],
+                                    Ks[c, 1, 1] * y / z + Ks[c, 1, 2], width, height, opacity,
+                                    sigmas, antialiased)
+            radii[c, g, 0], radii[c, g, 1], visible[c, g] = rx, ry, seen
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
-def visibility(means, quats, log_scales, opacity_logits, viewmats, Ks, sizes, antialiased,
-               radii, visible):  # pragma: no cover - compiled
+def visibility(means, quats, log_scales, opacity_logits, viewmats, Ks, sizes, fisheye,
+               antialiased, radii, visible):  # pragma: no cover - compiled
     """``projection._radii_and_visibility`` of every (camera, Gaussian) pair: the box's
-    radii [C, N, 2] (0 where invisible) and the test [C, N]."""
+    radii [C, N, 2] (0 where invisible) and the test [C, N]; ``fisheye`` [C] bool."""
     count = means.shape[0]
     for chunk in prange((count + CHUNK - 1) // CHUNK):
         _visibility_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), means, quats, log_scales,
-                       opacity_logits, viewmats, Ks, sizes, antialiased, radii, visible)
+                       opacity_logits, viewmats, Ks, sizes, fisheye, antialiased, radii,
+                       visible)

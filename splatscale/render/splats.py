@@ -62,6 +62,12 @@ def camera_tensors(cameras: Sequence[Camera], like: Tensor) -> tuple[Tensor, Ten
     return viewmats, Ks, sizes
 
 
+def fisheye_cameras(cameras: Sequence[Camera], device: torch.device) -> Tensor:
+    """[C] bool: which cameras have the equidistant (fisheye) projection, not a pinhole's."""
+    return torch.tensor([c.model == "fisheye" for c in cameras], dtype=torch.bool,
+                        device=device)
+
+
 def camera_centres(viewmats: Tensor) -> Tensor:
     """The cameras' centres [C, 3] in world space, from world-to-camera ``viewmats``."""
     return -(viewmats[:, :3, :3].transpose(-1, -2) @ viewmats[:, :3, 3:])[..., 0]

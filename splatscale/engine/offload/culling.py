@@ -23,6 +23,21 @@ compensation is at most 1: the product is at most the opacity, a pair it keeps
 the plain test keeps, with a box no larger (the centre and the covariance being
 the same). The bound above takes no opacity, 3.33 sigmas being the most any
 opacity gives, so it holds for anti-aliased models unchanged.
+
+Fisheye cameras (equidistant, ``u = c + f theta (cos phi, sin phi)``, no
+frustum clamp): the same depth test, the same near-plane rule. A centre ``p``
+within ``R = r_means * sqrt(3)`` of the lagging one ``p0`` (``|p0| > R``
+when the ball clears the near plane) is seen within ``alpha = asin(R / |p0|)``
+of its direction, so ``theta <= theta_max = min(theta0 + alpha, pi / 2)``
+(``z > 0``). On the hemisphere the equidistant map stretches lengths radially
+by 1 and across by ``theta / sin theta``, at most ``L = theta_max /
+sin(theta_max)`` there; the arc between the two directions stays in that cap,
+so the projected centres differ by at most ``f L alpha`` along each axis. The
+Jacobian is that map's differential times the direction's, ``(I - d d^T) /
+|p|``: its rows are at most ``f L / |p|`` long, ``|p| >= |p0| - R``, and the
+covariance's diagonal at most ``(f L / (|p0| - R))^2 s^2 + eps2d``. gsplat's eps
+(1e-7 in ``|(x, y)|``, ``z`` and ``x^2``) moves J by far less than the
+``FISHEYE_MARGIN`` the extent is widened by, beyond the near plane.
 """
 
 from __future__ import annotations
@@ -38,6 +53,7 @@ from splatscale.data.cameras import Camera
 from splatscale.render.conventions import EPS2D, FAR_PLANE, FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS
 
 SLACK_PIXELS = 1.0  # the exact box is rounded up to whole pixels, and floats round
+FISHEYE_MARGIN = 1.01  # the fisheye extent's, for gsplat's eps in its Jacobian
 
 
 @dataclass
@@ -76,6 +92,9 @@ def _may_be_visible(means: Tensor, reach: Tensor, largest: Tensor, camera: Camer
     near = near.clamp_min(NEAR_PLANE)
     K = camera.K.to(means)
     fx, fy, cx, cy = float(K[0, 0]), float(K[1, 1]), float(K[0, 2]), float(K[1, 2])
+    if camera.model == "fisheye":
+        inside = _fisheye_box_meets_image(x, y, z, reach, largest, camera, K)
+        return in_depth & (straddles | inside)
     inside = torch.ones_like(straddles)
     for offset, centre, focal, size in ((x, cx, fx, camera.width), (y, cy, fy, camera.height)):
         margin = (FRUSTUM_CLAMP - 1.0) * 0.5 * size / focal
@@ -89,3 +108,27 @@ def _may_be_visible(means: Tensor, reach: Tensor, largest: Tensor, camera: Camer
                                             + EPS2D) + SLACK_PIXELS
         inside &= (high + extent > 0) & (low - extent < size)
     return in_depth & (straddles | inside)
+
+
+def _fisheye_box_meets_image(x: Tensor, y: Tensor, z: Tensor, reach: Tensor, largest: Tensor,
+                             camera: Camera, K: Tensor) -> Tensor:
+    """Whether the box of a centre within ``reach`` of (x, y, z) may meet the fisheye
+    camera's image (the module's docstring says why), where the ball clears the near
+    plane (elsewhere the values are not used)."""
+    distance = torch.sqrt(x * x + y * y + z * z)
+    alpha = torch.asin((reach / distance).clamp(max=1.0))
+    off_axis = torch.sqrt(x * x + y * y)
+    theta_max = (torch.atan2(off_axis, z) + alpha).clamp(max=math.pi / 2)
+    stretch = torch.where(theta_max > 1e-6, theta_max / torch.sin(theta_max),
+                          torch.ones_like(theta_max))
+    nearest = (distance - reach).clamp_min(NEAR_PLANE)
+    ratio = torch.atan2(off_axis, z) / off_axis.clamp_min(1e-300)
+    inside = torch.ones_like(z, dtype=torch.bool)
+    for offset, axis, size in ((x, 0, camera.width), (y, 1, camera.height)):
+        focal, centre = float(K[axis, axis]), float(K[axis, 2])
+        projected = focal * ratio * offset + centre
+        drift = focal * stretch * alpha
+        extent = FISHEYE_MARGIN * RADIUS_SIGMAS * torch.sqrt(
+            (focal * stretch / nearest) ** 2 * largest ** 2 + EPS2D) + SLACK_PIXELS
+        inside &= (projected + drift + extent > 0) & (projected - drift - extent < size)
+    return inside
