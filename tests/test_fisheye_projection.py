@@ -239,3 +239,20 @@ def test_offload_cull_keeps_every_gaussian_the_exact_test_keeps(field_of_view):
     assert not (exact & ~tight).any()
     # About the pinhole bound's slack for these shapes and opacities (1.3 to 1.4).
     assert int(tight.sum()) <= 1.35 * int(exact.sum()) and int((~tight).sum()) > 100
+
+
+def test_float32_render_matches_float64():
+    model = random_model(300, seed=5, spread=2.0, log_scale=(-3.0, -1.0))
+    camera = fisheye_cameras_around(1, 64, 48, radius=2.0, field_of_view=200.0)[0]
+    results = []
+    for dtype in (torch.float64, torch.float32):
+        trial = model.to(dtype).requires_grad_(True)
+        out = render(trial, camera)
+        grads = torch.autograd.grad((out.rgb - 0.3).abs().mean(),
+                                    list(trial.parameters().values()))
+        results.append((out.rgb, grads))
+    (rgb64, grads64), (rgb32, grads32) = results
+    torch.testing.assert_close(rgb32, rgb64.float(), rtol=1e-4, atol=1e-5)
+    for got, want in zip(grads32, grads64):
+        torch.testing.assert_close(got, want.float(), rtol=1e-3,
+                                   atol=1e-5 * want.abs().max().item())
