@@ -20,7 +20,10 @@ gsplat 1.5.3's CUDA kernel computes it (``fisheye_proj``, no frustum clamp):
 
 and its backward follows that kernel's ``fisheye_proj_vjp``: the means' gradient
 through J and J's derivative as the kernel writes them. Its torch reference
-differentiates the forward instead; the two differ by about eps relative.
+differentiates the forward instead; the two differ by about eps relative. Where
+gsplat's torch functions and its CUDA kernels differ, the kernels here follow the
+CUDA kernels, which the cuda backend runs: that, and the anti-aliased backward's
+division by compensation + 1e-6 (``add_blur_vjp``), are the only differences.
 
 The backward adds each pair's gradient (means 3, quats 4, log-scales 3) to its
 Gaussian's row camera by camera, so results do not depend on the number of
