@@ -18,8 +18,8 @@ per-image affine (gsplat's total variation term is zero on a grid of one cell), 
 without a pull nothing fixes the scene's own colours (every transform times M and
 the colours times M's inverse render alike), and test views are rendered without
 a transform. The pull's weight is small next to the photometric loss's gradient
-(of the order of 0.1 per entry), so it holds the transforms' common part and
-leaves a photo's own change to its transform.
+(0.01 to 0.3 per entry in the tests' first steps), so it holds the transforms'
+common part and leaves a photo's own change to its transform.
 
 The transforms are float64 on the host, whatever renders: a view's is a leaf of
 its own for one step (``leaves``), which the compute parts apply to their rows
