@@ -55,7 +55,7 @@ class Ahead:
 
 def same_view(a: Camera, b: Camera) -> bool:
     """Whether ``a`` and ``b`` see the same: one camera, or equal in every field."""
-    return a is b or ((a.width, a.height) == (b.width, b.height)
+    return a is b or ((a.width, a.height, a.model) == (b.width, b.height, b.model)
                       and torch.equal(a.viewmat, b.viewmat) and torch.equal(a.K, b.K))
 
 
