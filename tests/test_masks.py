@@ -250,6 +250,11 @@ def masked_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
                                  ranks=RankOptions(max_imbalance=1.0))
             losses = run(engine, views)
             results[(noise, run.__name__)] = (losses, engine.state_dict())
+    # Both: each rank's shard offloaded.
+    views, model = masked_scene(True)
+    engine = make_engine(shard_of(model, rank, world), 2, torch.zeros(3),
+                         offload=OffloadOptions(), ranks=RankOptions(max_imbalance=1.0))
+    results["both"] = (densifying_run(engine, views), engine.state_dict())
     # Read as pixels, a rank reading only its rows: the same loss and PSNR.
     views, model = masked_scene(True)
     pixels = [(v.target * 255).round().to(torch.uint8) for v in views]
@@ -266,10 +271,16 @@ def masked_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
 
 
 def test_ranks_with_masks_equal_one_process(masked_runs, tmp_path):
+    """Two ranks, resident and offloaded, equal one process; on ranks too nothing under
+    the masks changes anything; a rank reading only its rows' pixels and masks takes
+    the loss and PSNR of the same values given whole."""
     world = 2
     out = tmp_path / "ranks.pt"
     mp.spawn(masked_rank, args=(world, str(tmp_path / "init"), str(out)), nprocs=world)
     ranks = [torch.load(f"{out}.{r}", weights_only=False) for r in range(world)]
+    want_losses, want = masked_runs[(False, "densifying_run")]
+    assert ranks[0]["both"][0] == pytest.approx(want_losses, rel=1e-9)
+    assert_same_state(concat_states([r["both"][1] for r in ranks]), want, exact=False)
     for key, (want_losses, want) in masked_runs.items():
         losses = ranks[0][key][0]
         assert losses == pytest.approx(want_losses, rel=1e-9), key
