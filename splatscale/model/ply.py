@@ -3,8 +3,9 @@
 A PLY we write may record its world's up direction (``model.orientation``) as a
 header comment, ``comment splatscale up X Y Z``, which other tools ignore. An
 anti-aliased model (``GaussianModel.antialiased``) says so as Brush does,
-``comment SplatRenderMode: mip``; a plain one writes no such comment. Reading, Postshot's ``comment antialiased 0|1``
-is understood as well, and where several say, the last holds."""
+``comment SplatRenderMode: mip``; a plain one writes no such comment. Reading,
+Postshot's ``comment antialiased 0|1`` is understood as well, and where several
+say, the last holds."""
 
 from __future__ import annotations
 
