@@ -12,14 +12,17 @@ the batch's images (the others', zero: their moments decay as in the reference's
 and gsplat's dense per-image optimisers). The learning rate decays log-linearly
 from ``LR_INIT`` to ``LR_FINAL`` over the positions' schedule, the reference
 3DGS's exposure rates (0.01 to 0.001 over the run); ``EPS`` is gsplat's (and
-ours) for its per-image bilateral grids. Each view's loss adds ``PULL`` times its
-transform's squared distance from the identity: neither of those trainers pulls a
-per-image affine (gsplat's total variation term is zero on a grid of one cell), but
-without a pull nothing fixes the scene's own colours (every transform times M and
-the colours times M's inverse render alike), and test views are rendered without
-a transform. The pull's weight is small next to the photometric loss's gradient
-(0.01 to 0.3 per entry in the tests' first steps), so it holds the transforms'
-common part and leaves a photo's own change to its transform.
+ours) for its per-image bilateral grids.
+
+Nothing in the photometric loss fixes the scene's own colours: every training
+transform composed with an affine map G's inverse, and the scene's colours mapped
+by G, render alike. The gauge is pinned after every step: the training transforms
+are composed with the inverse of their mean, so their mean is the identity and the
+scene renders as the average photo does (test views are rendered without a
+transform). Each view's loss also adds ``PULL`` times its transform's squared
+distance from the identity, a small prior against a transform taking on more than
+its photo's change (neither of those trainers pulls a per-image affine; gsplat's
+total variation term is zero on a grid of one cell).
 
 The transforms are float64 on the host, whatever renders: a view's is a leaf of
 its own for one step (``leaves``), which the compute parts apply to their rows
@@ -62,12 +65,15 @@ def apply(rgb: Tensor, transform: Tensor | None) -> Tensor:
 
 
 class Appearance:
-    """The transforms of ``images`` images (by view index; a test view's stays the
-    identity) and their Adam, for batches of ``batch_size`` views. Every rank holds
-    the same, and steps them alike."""
+    """The transforms of ``images`` images (by view index) and their Adam, for batches
+    of ``batch_size`` views; ``trained`` the training views (None: all), whose mean
+    transform is held at the identity (a test view's stays the identity). Every rank
+    holds the same, and steps them alike."""
 
-    def __init__(self, images: int, batch_size: int) -> None:
+    def __init__(self, images: int, batch_size: int, trained: list[int] | None = None
+                 ) -> None:
         self.transforms = identity(images)
+        self.trained = list(range(images)) if trained is None else sorted(trained)
         self.moments = {"exp_avg": {GROUP: torch.zeros_like(self.transforms)},
                         "exp_avg_sq": {GROUP: torch.zeros_like(self.transforms)}}
         self.adam = GaussianAdam([GROUP], batch_size, backend_for(self.transforms.device))
@@ -99,6 +105,15 @@ class Appearance:
             grad[i] += pull * (self.transforms[i] - eye)
         self.transforms.grad = grad
         self.adam.step(self, {GROUP: lr})
+        self._pin_mean()
+
+    def _pin_mean(self) -> None:
+        """Compose every training transform with the inverse of their mean (as 4x4
+        affine maps): their mean becomes the identity. Exact where it already is."""
+        rows = self.transforms[self.trained]
+        mean = torch.eye(4, dtype=rows.dtype)
+        mean[:3] = rows.mean(0)
+        self.transforms[self.trained] = rows @ torch.linalg.inv(mean)
 
     def state_dict(self) -> dict:
         """Everything to continue bit for bit: ``STATE_KEYS``, tensors copied."""

@@ -131,7 +131,8 @@ class Trainer:
         self.order = torch.Generator().manual_seed(config.seed)
         self.queue: list[int] = []
         self.checkpoint_images: int | None = None  # images seen at the last checkpoint
-        self.appearance = (Appearance(len(scene.views), config.batch_size)
+        self.appearance = (Appearance(len(scene.views), config.batch_size,
+                                      self.train_ids)
                            if config.appearance == "affine" else None)
 
     # -- schedule -------------------------------------------------------------------
