@@ -13,7 +13,8 @@ const { loadSpz } = await import(pathToFileURL(entry).href);
 // colorScaleFactor 1: the loader's colours are then the DC coefficients plus 0.5.
 const cloud = await loadSpz(readFileSync(file),
                             { colorScaleFactor: 1, unpackOptions: { coordinateSystem: "RDF" } });
-const out = { numPoints: cloud.numPoints, shDegree: cloud.shDegree };
+const out = { numPoints: cloud.numPoints, shDegree: cloud.shDegree,
+              antialiased: cloud.antialiased };
 for (const name of ["positions", "scales", "rotations", "alphas", "colors", "sh"]) {
   out[name] = Array.from(cloud[name]);
 }

@@ -73,15 +73,20 @@ def reference_or_skip() -> Path:
     return folder
 
 
+def niantics_reading(folder: Path, path: Path) -> dict:
+    done = subprocess.run(["node", str(SCRIPT), str(folder), str(path)],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
 def test_niantics_reader_gives_back_the_model(tmp_path):
     folder = reference_or_skip()
     model = small_model()
     write_spz(model, tmp_path / "model.spz")
-    done = subprocess.run(["node", str(SCRIPT), str(folder), str(tmp_path / "model.spz")],
-                          capture_output=True, text=True, check=True)
-    cloud = json.loads(done.stdout)
+    cloud = niantics_reading(folder, tmp_path / "model.spz")
     n = len(model)
     assert cloud["numPoints"] == n and cloud["shDegree"] == 3
+    assert cloud["antialiased"] is False
     array = lambda name, *shape: np.asarray(cloud[name], dtype=np.float64).reshape(n, *shape)  # noqa: E731
     # Positions: 24-bit fixed point with 12 fractional bits.
     np.testing.assert_allclose(array("positions", 3), model.means.numpy(), atol=2 ** -12)
@@ -178,6 +183,14 @@ def test_an_antialiased_model_sets_the_formats_flag_alone_and_reads_back_so(tmp_
     assert aa[:14] + aa[15:] == plain[:14] + plain[15:]  # nothing else changes
     assert read_spz(tmp_path / "aa.spz").antialiased
     assert not read_spz(tmp_path / "plain.spz").antialiased
+
+
+def test_niantics_reader_sees_an_antialiased_model(tmp_path):
+    folder = reference_or_skip()
+    model = small_model()
+    model.antialiased = True
+    write_spz(model, tmp_path / "aa.spz")
+    assert niantics_reading(folder, tmp_path / "aa.spz")["antialiased"] is True
 def test_the_flag_of_a_version_4_file_is_read(tmp_path):
     """Version 4 (NGSP with zstd) keeps its header uncompressed, the flags at byte 14."""
     from gsply import GSData
