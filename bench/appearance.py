@@ -10,7 +10,9 @@ stay the unchanged photos, so each run's test PSNR is against the unchanged
 capture. The poses and points are the scene's own. Then trains (the command line,
 ``--eval``, the run settings given) the unchanged scene plainly ("reference"), the
 changed one plainly ("plain") and with ``--appearance affine`` ("affine"), and
-reports each run's test metrics from its report.json.
+reports each run's test metrics from its report.json, and for every run alike
+the right half of each saved test render under a colour transform fitted on its
+left half (``fitted_right_half``, the score report.json gives affine runs alone).
 """
 
 from __future__ import annotations
@@ -23,7 +25,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image
+
+from splatscale.step.appearance import fitted_right_half
+from splatscale.train.metrics import ImageMetrics
 
 from report import emit
 from scenes import DATA
@@ -75,13 +81,28 @@ def changed_capture(source: Path, target: Path, seed: int) -> dict[str, list[flo
     return stops
 
 
+def as_float(path: Path) -> torch.Tensor:
+    return torch.from_numpy(np.asarray(Image.open(path).convert("RGB"), np.float32) / 255)
+
+
+def fitted_scores(renders: Path) -> dict[str, float]:
+    """PSNR and SSIM of the right halves of a run's saved test renders
+    (``NAME.png`` beside ``NAME.photo.png``) under transforms fitted on the left."""
+    metrics = ImageMetrics()
+    for photo in sorted(renders.glob("*.photo.png")):
+        render = renders / photo.name.replace(".photo.png", ".png")
+        metrics.add(*fitted_right_half(as_float(render), as_float(photo)))
+    return metrics.summary()
+
+
 def train(scene: Path, output: Path, settings: list[str], extra: list[str]) -> dict:
     """The test metrics of a run of ``splatscale train`` with ``--eval``."""
     subprocess.run([sys.executable, "-m", "splatscale", "train", str(scene), "-o", str(output),
                     "--eval", "--quiet", "--overwrite", *settings, *extra], check=True)
     report = json.loads((output / "report.json").read_text())
-    return {key: value for key, value in report.items()
-            if key in ("test", "num_gaussians", "appearance")}
+    return {**{key: value for key, value in report.items()
+               if key in ("test", "num_gaussians", "appearance")},
+            "saved_renders_fitted_right_half": fitted_scores(output / "renders" / "test")}
 
 
 def main() -> None:
