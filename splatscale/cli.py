@@ -317,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
                       metavar="DIR",
                       help="train only where each image's mask is white (black is ignored): "
                            "masks/NAME.png or masks/NAME.jpg.png beside images/, a "
-                           "transforms.json frame's mask_path, or those in DIR")
+                           "transforms.json frame's mask_path, or those in DIR (default: every "
+                           "pixel trains)")
     data.add_argument("--alpha-mask", action="store_true", default=None,
                       help="each image's alpha channel is its mask (transparent is ignored)")
     data.add_argument("--invert-masks", action="store_true", default=None,
