@@ -253,3 +253,26 @@ def assert_radii_match(radii: torch.Tensor, exact: torch.Tensor) -> None:
     on_edge = (exact - exact.round()).abs() < 1e-9 * exact
     assert torch.equal(radii[~on_edge], torch.ceil(exact)[~on_edge].to(torch.int32))
     assert ((radii - exact)[on_edge].abs() <= 1).all()
+
+
+def antialiased(model: GaussianModel, flag: bool = True) -> GaussianModel:
+    """A detached copy of ``model``, rendered anti-aliased if ``flag``."""
+    copy = model.detach()
+    copy.antialiased = flag
+    return copy
+
+
+def pairs_of(model: GaussianModel, cameras: list[Camera]):
+    """The projection kernels' arguments for every (Gaussian, camera) pair that
+    ``visibility`` keeps: gaussian_ids, camera_ids and the cameras' tensors."""
+    from splatscale.render.projection import visibility
+    from splatscale.render.splats import camera_tensors
+    viewmats, Ks, sizes = camera_tensors(cameras, model.means)
+    camera_ids, gaussian_ids = visibility(model, cameras).visible.nonzero(as_tuple=True)
+    return gaussian_ids, camera_ids, viewmats, Ks, sizes
+
+
+def leaves_of(model: GaussianModel) -> list[torch.Tensor]:
+    """Fresh leaves, requiring grad, of the parameters the projection differentiates."""
+    return [t.detach().clone().requires_grad_(True)
+            for t in (model.means, model.quats, model.log_scales)]

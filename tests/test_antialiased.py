@@ -20,17 +20,10 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.model.ply import read_ply, write_ply
 from splatscale.render import render
 from splatscale.train.config import TrainConfig
-from tests.conftest import densifying_run, densifying_scene, state_by_key
+from tests.conftest import antialiased, densifying_run, densifying_scene, state_by_key
 from tests.test_distributed import by_key, gather_rows, join
 from tests.test_order_independence import permuted
 from tests.test_training import SHORT, make_trainer
-
-
-def antialiased(model: GaussianModel) -> GaussianModel:
-    """A copy of ``model`` rendered anti-aliased."""
-    copy = model.detach()
-    copy.antialiased = True
-    return copy
 
 
 @pytest.fixture(scope="module")

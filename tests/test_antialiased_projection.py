@@ -11,15 +11,11 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project, render
 from splatscale.render.projection import _EwaPairs, _ewa_pairs, visibility
 from splatscale.render.splats import camera_tensors, fisheye_cameras
-from tests.conftest import assert_radii_match, look_at_camera, orbit_cameras, random_model
+from tests.conftest import (antialiased, assert_radii_match, leaves_of, look_at_camera,
+                            orbit_cameras, pairs_of, random_model)
 from tests.gsplat_reference import brute_force_render, cuda_gradient, gsplat_projection
 
 CPU = torch.device("cpu")
-
-
-def antialiased(model: GaussianModel, flag: bool = True) -> GaussianModel:
-    return GaussianModel(**model.parameters(), sh_degree=model.sh_degree, keys=model.keys,
-                         antialiased=flag)
 
 
 def test_projection_matches_gsplat(garden):
@@ -46,17 +42,6 @@ def wide_scene():
     """Small and large Gaussians, in and well outside the views."""
     model = random_model(400, seed=9, spread=3.0, log_scale=(-4.0, 0.3))
     return antialiased(model), orbit_cameras(3, 45, 37, radius=3.0)
-
-
-def pairs_of(model, cameras):
-    viewmats, Ks, sizes = camera_tensors(cameras, model.means)
-    camera_ids, gaussian_ids = visibility(model, cameras).visible.nonzero(as_tuple=True)
-    return gaussian_ids, camera_ids, viewmats, Ks, sizes
-
-
-def leaves_of(model):
-    return [t.detach().clone().requires_grad_(True)
-            for t in (model.means, model.quats, model.log_scales)]
 
 
 def test_kernels_equal_the_torch_reference_and_gsplat(wide_scene):

@@ -15,7 +15,8 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project, render
 from splatscale.render.projection import _EwaPairs, _ewa_pairs, visibility
 from splatscale.render.splats import camera_tensors, fisheye_cameras
-from tests.conftest import assert_radii_match, look_at_camera, random_model
+from tests.conftest import (antialiased as with_antialiasing, assert_radii_match, leaves_of,
+                            look_at_camera, pairs_of, random_model)
 from tests.test_antialiased_projection import moved_within
 from tests.gsplat_reference import brute_force_render, cuda_gradient, gsplat_projection
 
@@ -55,15 +56,10 @@ def scene():
     return model, fisheye_cameras_around(3, 48, 36, radius=2.0)
 
 
-def with_flag(model: GaussianModel, antialiased: bool) -> GaussianModel:
-    return GaussianModel(**model.parameters(), sh_degree=model.sh_degree, keys=model.keys,
-                         antialiased=antialiased)
-
-
 @pytest.mark.parametrize("antialiased", [False, True])
 def test_projection_matches_gsplat(scene, antialiased):
     model, cameras = scene
-    model = with_flag(model, antialiased)
+    model = with_antialiasing(model, antialiased)
     ref = gsplat_projection(model, cameras)
     splats = project(model, cameras)
     c, g = splats.camera_ids, splats.gaussian_ids
@@ -77,24 +73,13 @@ def test_projection_matches_gsplat(scene, antialiased):
     torch.testing.assert_close(splats.opacities, ref.opacities[c, g], rtol=1e-10, atol=1e-12)
 
 
-def pairs_of(model, cameras):
-    viewmats, Ks, sizes = camera_tensors(cameras, model.means)
-    camera_ids, gaussian_ids = visibility(model, cameras).visible.nonzero(as_tuple=True)
-    return gaussian_ids, camera_ids, viewmats, Ks, sizes
-
-
-def leaves_of(model):
-    return [t.detach().clone().requires_grad_(True)
-            for t in (model.means, model.quats, model.log_scales)]
-
-
 @pytest.mark.parametrize("antialiased", [False, True])
 def test_kernels_equal_the_torch_reference_and_gsplat(scene, antialiased):
     """The kernels' backward is gsplat's CUDA kernel's (its closed forms for J's
     derivative, the means' gradient through J), the references' autograd's of the
     forward: they agree to gsplat's eps, 1e-7, relative."""
     model, cameras = scene
-    gaussian_ids, camera_ids, viewmats, Ks, sizes = pairs_of(with_flag(model, antialiased),
+    gaussian_ids, camera_ids, viewmats, Ks, sizes = pairs_of(with_antialiasing(model, antialiased),
                                                              cameras)
     leaves = leaves_of(model)
     ours = _EwaPairs.apply(*leaves, gaussian_ids, camera_ids, viewmats, Ks, sizes,
@@ -126,7 +111,7 @@ def test_kernels_equal_the_torch_reference_and_gsplat(scene, antialiased):
 @pytest.mark.parametrize("antialiased", [False, True])
 def test_kernels_pass_gradcheck(scene, antialiased):
     model, cameras = scene
-    small = with_flag(GaussianModel(**{n: t[:60].detach().clone()
+    small = with_antialiasing(GaussianModel(**{n: t[:60].detach().clone()
                                        for n, t in model.parameters().items()}), antialiased)
     gaussian_ids, camera_ids, viewmats, Ks, sizes = pairs_of(small, cameras)
     assert len(gaussian_ids) > 20
@@ -192,7 +177,7 @@ def test_visibility_kernel_equals_the_torch_test(scene, dtype, antialiased):
 
 @pytest.mark.parametrize("antialiased", [False, True])
 def test_render_equals_brute_force(antialiased):
-    model = with_flag(random_model(150, seed=5, spread=2.0, log_scale=(-3.0, -1.0)),
+    model = with_antialiasing(random_model(150, seed=5, spread=2.0, log_scale=(-3.0, -1.0)),
                       antialiased)
     camera = fisheye_cameras_around(1, 45, 37, radius=2.0, field_of_view=200.0)[0]
     background = torch.tensor([0.2, 0.5, 0.1], dtype=torch.float64)

@@ -12,7 +12,7 @@ from splatscale.render import project
 from splatscale.render.sh import sh_to_color
 from splatscale.render.splats import fisheye_cameras
 from tests.conftest import (assert_radii_match, data_path, gsplat_kernel_boxes, orbit_cameras,
-                            random_model)
+                            pairs_of, random_model)
 
 CPU = torch.device("cpu")
 gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl",
@@ -54,14 +54,6 @@ def test_sh_colors_match_gsplat(garden, degree):
     expected = torch.clamp_min(gsplat_torch._spherical_harmonics(degree, dirs, coeffs) + 0.5, 0)
     torch.testing.assert_close(splats.colors, expected, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(sh_to_color(coeffs, dirs), expected, rtol=1e-10, atol=1e-12)
-
-
-def pairs_of(model, cameras):
-    from splatscale.render.projection import visibility
-    from splatscale.render.splats import camera_tensors
-    viewmats, Ks, sizes = camera_tensors(cameras, model.means)
-    camera_ids, gaussian_ids = visibility(model, cameras).visible.nonzero(as_tuple=True)
-    return gaussian_ids, camera_ids, viewmats, Ks, sizes
 
 
 @pytest.fixture(scope="module")
