@@ -42,7 +42,7 @@ from splatscale.model.ply import read_extras, write_ply, write_splat
 from splatscale.model.spz import write_spz
 from splatscale.backends import cuda as cuda_backend
 from splatscale.render import render as render_view
-from splatscale.render.kernel_cache import kernels_cached
+from splatscale.backends.cpu_compile import compile_kernels, kernels_cached
 from splatscale.strategy import check_settings
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
@@ -367,7 +367,9 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
             RunFolder(args.output).begin(trainer.images_seen if args.resume else None)
             write_json(args.output / "config.json", record)
         if args.device == "cpu" and not kernels_cached():
-            notice("compiling the CPU kernels (once: about a minute; later runs reuse them)")
+            notice("compiling the CPU kernels (once: later runs reuse them)")
+            if ranks is None:  # ranks compile side by side already
+                compile_kernels()
         report = trainer.run(watcher)
     if writes:
         for line in summary(report, args.output):

@@ -17,7 +17,7 @@ LAYERS = [
     {"model"},
     {"render"},
     {"step"},
-    {"backends.cpu", "backends.cuda"},
+    {"backends.cpu", "backends.cuda", "backends.cpu_compile"},
     {"engine"},
     {"strategy"},
     {"train", "demo", "prepare", "launch"},

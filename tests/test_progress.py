@@ -82,19 +82,48 @@ def test_a_finished_run_says_its_summary_in_words(tmp_path, capsys):
 def test_a_cold_kernel_cache_is_told_apart_from_a_warm_one(tmp_path):
     """Cold: an empty cache folder. Warm: once a forward and backward pass has run in
     this process, numba has cached the largest kernels for their present source."""
-    check = "from splatscale.render.kernel_cache import kernels_cached; print(kernels_cached())"
+    check = "from splatscale.backends.cpu_compile import kernels_cached; print(kernels_cached())"
     cold = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                           env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
                           timeout=HANG_GUARD)
     assert cold.stdout.strip() == "False", cold.stderr
     from splatscale.render import render
-    from splatscale.render.kernel_cache import kernels_cached
+    from splatscale.backends.cpu_compile import kernels_cached
     from tests.conftest import look_at_camera, random_model
 
     model = random_model(20, dtype=torch.float32).requires_grad_(True)
     camera = look_at_camera([0, 0, 4], [0, 0, 0], 32, 24, focal=30.0, dtype=torch.float32)
     render(model, camera).rgb.sum().backward()
     assert kernels_cached()
+
+
+COMPILED_BY_A_RUN = """
+import sys
+from numba.core.dispatcher import Dispatcher
+from splatscale.backends import cpu_compile
+from splatscale.cli import main
+
+def compiled():
+    return {(name, attr, sig) for name, module in list(sys.modules.items())
+            if name.startswith("splatscale") for attr, value in vars(module).items()
+            if isinstance(value, Dispatcher) for sig in value.signatures}
+
+cpu_compile.geometry_half()
+cpu_compile.pixels_half()
+before = compiled()
+main(["train", "tests/data/snowmiku", "--iterations", "3", "--resolution", "8", "--quiet",
+      "--output", sys.argv[1]])
+print(sorted(compiled() - before))
+"""
+
+
+def test_the_compile_halves_compile_what_a_training_step_calls(tmp_path):
+    """A first run compiles its kernels in two processes: what they compile is every
+    specialisation a default training step calls, so the run itself compiles none."""
+    done = subprocess.run([sys.executable, "-c", COMPILED_BY_A_RUN, str(tmp_path / "run")],
+                          capture_output=True, text=True, timeout=HANG_GUARD)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_train_help_comes_in_groups_and_says_every_default():

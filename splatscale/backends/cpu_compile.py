@@ -1,0 +1,104 @@
+"""The CPU kernels in numba's on-disk cache: whether a run will compile them, and
+compiling them in two processes at once before its first step.
+
+numba compiles a kernel the first time it is called with new argument types, one
+kernel at a time in a process, and keeps it on disk (``cache=True``) for later
+runs. ``compile_kernels`` splits a first run's compile in two halves, each driven
+by a tiny synthetic step of its stages through the very calls training makes (so
+the argument types, and so the specialisations cached, are training's own):
+the geometry (visibility, projection, SH), the loss and Adam in a child process,
+the pixels (binning, compositing) in this one. The child's kernels reach this
+process through the cache. One it has not finished when this process calls it
+is compiled here too: nothing waits on the child, and nothing depends on it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import torch
+
+from splatscale.backends.cpu import BACKEND
+from splatscale.data.cameras import Camera
+from splatscale.model.gaussians import SH_REST, GaussianModel
+from splatscale.render import compositing_kernels, projection_kernels
+from splatscale.render.projection import project
+from splatscale.render.rasterize import rasterize
+from splatscale.render.splats import Splats
+from splatscale.step.view_loss import band_loss, masked_in_values
+
+# The largest kernels, which take most of the first compile.
+LARGEST = (compositing_kernels.forward, compositing_kernels.backward,
+           projection_kernels.project_backward)
+WIDTH, HEIGHT, COUNT = 40, 30, 16
+
+
+def kernels_cached() -> bool:
+    """True when each of the largest kernels has a compiled version cached for its
+    source as it is now (numba reads an index whose stamp is stale as empty)."""
+    try:
+        return all(kernel._cache._cache_file._load_index() for kernel in LARGEST)
+    except (AttributeError, OSError):  # numba's cache internals moved: say nothing
+        return True
+
+
+def compile_kernels() -> None:
+    """Every kernel of a default training step compiled (or loaded from the cache):
+    the geometry's half in a child process while this one compiles the pixels'."""
+    child = subprocess.Popen([sys.executable, "-m", __name__, "geometry"],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        pixels_half()
+    except BaseException:
+        child.kill()
+        raise
+    finally:
+        child.wait()
+
+
+def _camera() -> Camera:
+    K = torch.tensor([[32.0, 0.0, WIDTH / 2], [0.0, 32.0, HEIGHT / 2], [0.0, 0.0, 1.0]])
+    return Camera(torch.eye(4), K, WIDTH, HEIGHT, "compile")
+
+
+def geometry_half() -> None:
+    """A step's visibility test, projection and SH (forward and backward), its loss
+    (L1, SSIM, squared error) and an Adam step, on float32 tensors."""
+    generator = torch.Generator().manual_seed(0)
+    model = GaussianModel(
+        torch.rand(COUNT, 3, generator=generator) - 0.5 + torch.tensor([0.0, 0.0, 3.0]),
+        torch.rand(COUNT, 4, generator=generator), torch.full((COUNT, 3), -2.0),
+        torch.zeros(COUNT), torch.rand(COUNT, 1, 3, generator=generator),
+        torch.zeros(COUNT, SH_REST, 3)).requires_grad_(True)
+    splats = project(model, [_camera()])
+    outputs = (splats.means2d, splats.conics, splats.colors, splats.depths, splats.opacities)
+    torch.autograd.backward([t.sum() for t in outputs])
+    rgb = torch.rand(HEIGHT, WIDTH, 3, generator=generator, requires_grad=True)
+    target = torch.rand(HEIGHT, WIDTH, 3, generator=generator)
+    loss, _ = band_loss(rgb, target, (0, HEIGHT), masked_in_values(target), 0.2)
+    loss.backward()
+    param = model.means.detach().view(-1)
+    BACKEND.adam_step(param, torch.zeros_like(param), torch.zeros_like(param),
+                      torch.ones_like(param), -1e-3, 0.5, 0.9, 0.999, 1e-15)
+
+
+def pixels_half() -> None:
+    """A step's tile binning and compositing, forward and backward, on float32 splats."""
+    generator = torch.Generator().manual_seed(0)
+    leaves = [torch.rand(COUNT, 2, generator=generator) * torch.tensor([WIDTH, HEIGHT]),
+              torch.tensor([0.05, 0.0, 0.05]).repeat(COUNT, 1),
+              torch.rand(COUNT, 3, generator=generator), 1 + torch.rand(COUNT, generator=generator),
+              torch.full((COUNT,), 0.5)]
+    means2d, conics, colors, depths, opacities = (t.requires_grad_(True) for t in leaves)
+    ids = torch.arange(COUNT)
+    splats = Splats(torch.zeros(COUNT, dtype=torch.int64), ids, means2d, conics, depths,
+                    torch.full((COUNT, 2), 12, dtype=torch.int32), colors, opacities, ids,
+                    [0, COUNT], [_camera()])
+    out = rasterize(splats, WIDTH, HEIGHT, background=torch.zeros(3))
+    (out.rgb.sum() + out.alpha.sum() + out.depth.sum()).backward()
+
+
+if __name__ == "__main__":
+    {"geometry": geometry_half, "pixels": pixels_half}[sys.argv[1]]()
