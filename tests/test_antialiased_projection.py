@@ -153,7 +153,7 @@ def moved_within(lagging: torch.Tensor, reach: torch.Tensor, generator: torch.Ge
 def test_offload_cull_keeps_every_gaussian_the_exact_test_keeps():
     """The offload engine's cull, from lagging geometry and how far each row may have
     moved, keeps every anti-aliased Gaussian the exact test keeps at any values within
-    that reach (culling.py's docstring says why)."""
+    that reach (render/drift.py says why)."""
     from splatscale.engine.offload.culling import candidates
     lagging = random_model(3000, seed=11, spread=5.0, log_scale=(-6.0, -1.5),
                            opacity=(0.002, 1.0))

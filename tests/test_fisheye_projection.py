@@ -199,7 +199,7 @@ def test_render_equals_brute_force(antialiased):
 def test_offload_cull_keeps_every_gaussian_the_exact_test_keeps(field_of_view):
     """The offload engine's cull, from lagging geometry and how far each row may have
     moved, keeps every Gaussian the exact test keeps through fisheye cameras at any
-    values within that reach (culling.py's docstring says why), and without drift
+    values within that reach (render/drift.py says why), and without drift
     keeps not many more."""
     from splatscale.engine.offload.culling import candidates
     lagging = random_model(3000, seed=17, spread=4.0, log_scale=(-5.0, -1.0),

@@ -50,6 +50,10 @@ class Backend:
       the caller has already taken of this model, or None.
     - ``visibility(geometry, cameras) -> Visibility``: ``project``'s visibility test
       of every (camera, Gaussian) pair, without autograd.
+    - ``candidates(means, log_scales, reach_means, reach_scales, cameras) -> Tensor``:
+      bool [N], the Gaussians that may pass that test in some camera when their
+      means and log-scales may have drifted within the reaches [N]
+      (``render/drift.py``).
     - ``composite(splats, background, width, rows) -> (rgb, depth_sum, alpha)``: one
       camera's splats composited into rows ``[y0, y1)``: rgb [h, W, 3] over
       ``background``, the alpha-weighted depth sum [h, W] and alpha [h, W];
@@ -83,6 +87,7 @@ class Backend:
     name: str
     project: Callable[..., Any]
     visibility: Callable[..., Any]
+    candidates: Callable[..., Tensor]
     composite: Callable[..., tuple[Tensor, Tensor, Tensor]]
     abs_difference_sum: Callable[[Tensor, Tensor], Tensor]
     squared_error_sum: Callable[[Tensor, Tensor], float]

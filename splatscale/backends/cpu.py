@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from splatscale.backends import Backend
+from splatscale.render.drift import candidates_cpu
 from splatscale.render.projection import project_cpu, visibility_cpu
 from splatscale.render.rasterize import composite_cpu
 from splatscale.step import adam_kernels
@@ -45,7 +46,8 @@ def synchronize(device: torch.device) -> None:
 
 
 BACKEND = Backend(
-    name="cpu", project=project_cpu, visibility=visibility_cpu, composite=composite_cpu,
+    name="cpu", project=project_cpu, visibility=visibility_cpu, candidates=candidates_cpu,
+    composite=composite_cpu,
     abs_difference_sum=abs_difference_sum_cpu, squared_error_sum=squared_error_sum_cpu,
     ssim=ssim_cpu, adam_step=adam_step, pixels_as_float=pixels_as_float,
     shares_host_memory=True, free_memory=free_memory, synchronize=synchronize, streams=None)

@@ -46,6 +46,7 @@ from splatscale.errors import SplatscaleError
 from splatscale.messages import notice
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.conventions import EPS2D, FAR_PLANE, NEAR_PLANE, TILE_SIZE
+from splatscale.render.drift import candidates_torch
 from splatscale.render.projection import Visibility, visibility_torch
 from splatscale.render.splats import Splats, camera_centres, camera_offsets, camera_tensors
 from splatscale.step.loss import abs_difference_sum_torch, squared_error_sum_torch
@@ -260,7 +261,8 @@ def backend(kernels: Callable[[], Kernels] = cuda_kernels) -> Backend:
                          kernels(), splats.absgrad)
 
     return Backend(
-        name="cuda", project=project_, visibility=visibility_torch, composite=composite_,
+        name="cuda", project=project_, visibility=visibility_torch, candidates=candidates_torch,
+        composite=composite_,
         abs_difference_sum=abs_difference_sum_torch, squared_error_sum=squared_error_sum_torch,
         ssim=ssim_torch, adam_step=adam_step, pixels_as_float=pixels_as_float,
         shares_host_memory=False, free_memory=free_memory, synchronize=torch.cuda.synchronize,
