@@ -59,7 +59,7 @@ def ranks_engine(shard, batch_size: int, background: Tensor, **options):
 
 
 def step_state(engine, keys) -> dict:
-    return by_key(keys, {n: p.grad for n, p in engine.model.parameters().items()})
+    return by_key(keys, engine.rows.gradients())
 
 
 # What a checkpoint needs of the Trainer, as a Trainer of no step holds it; these tests
@@ -109,7 +109,7 @@ def run_rank(rank: int, world: int, init_file: str, out_file: str) -> None:
     for batch_size in (1, 4):
         engine = ranks_engine(shard_of(model, rank, world), batch_size, torch.zeros(3))
         result = engine.forward_backward(views[:batch_size], GradientNorms())
-        grads = {n: gather_rows(p.grad) for n, p in engine.model.parameters().items()}
+        grads = {n: gather_rows(g) for n, g in engine.rows.gradients().items()}
         # Views read as pixels, rows alone, against the same values given whole.
         batch, reads, given = recording_reads(views[:batch_size])
         read_and_given = [ranks_engine(shard_of(model, rank, world), batch_size,

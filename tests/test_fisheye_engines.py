@@ -64,8 +64,7 @@ def one_process():
     for batch_size in (1, 4):
         engine = make_engine(model.detach(), batch_size, torch.zeros(3))
         loss = engine.forward_backward(views[:batch_size], GradientNorms()).loss
-        grads[batch_size] = loss, by_key(engine.model.keys, {
-            n: p.grad for n, p in engine.model.parameters().items()})
+        grads[batch_size] = loss, by_key(engine.model.keys, engine.rows.gradients())
     engine = make_engine(model.detach(), 2, torch.zeros(3))
     losses = densifying_run(engine, views)
     return {"grads": grads, "losses": losses, "state": engine.state_dict(),
@@ -84,7 +83,7 @@ def fisheye_rank(rank: int, world: int, init_file: str, out_file: str,
             engine = make_engine(shard_of(model, rank, world), batch_size, torch.zeros(3),
                                  ranks=RankOptions())
             result = engine.forward_backward(views[:batch_size], GradientNorms())
-            grads = {n: gather_rows(p.grad) for n, p in engine.model.parameters().items()}
+            grads = {n: gather_rows(g) for n, g in engine.rows.gradients().items()}
             results["grads"][batch_size] = (result.loss,
                                             by_key(gather_rows(engine.model.keys), grads),
                                             result.diagnostics["bands"])

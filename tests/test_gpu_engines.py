@@ -40,8 +40,7 @@ def rank_step(rank: int, world: int, init_file: str, out_file: str, engine: str,
     step = ENGINES[engine](shard, BATCH, torch.zeros(3), device=device)
     result = step.forward_backward(views[:BATCH], GradientNorms())
     assert_on(step, device)
-    grads = {n: gather_rows(p.grad.cpu()) for n, p in step.model.parameters().items()
-             if p.grad is not None} if engine == "distributed" else step_gradients(step)
+    grads = {n: gather_rows(g.cpu()) for n, g in step.rows.gradients().items()}
     keys = gather_rows(step.model.keys.cpu())
     if rank == 0:
         torch.save((result.loss, by_key(keys, grads)), out_file)
@@ -58,24 +57,12 @@ def assert_on(engine, device: str) -> None:
         assert {p.device.type for p in engine.model.parameters().values()} == {kind}
 
 
-def step_gradients(engine) -> dict:
-    """The offloaded shard's gradients of the last step, every row (zeros where unseen),
-    gathered in rank order."""
-    pending, rows = engine.rows.pending, len(engine.model)
-    dense = {}
-    for name, grad in pending.grads.items():
-        dense[name] = grad.new_zeros((rows, *grad.shape[1:]))
-        dense[name][pending.rows] = grad
-    return {name: gather_rows(grad) for name, grad in dense.items()}
-
-
 def one_process_step(device: str) -> tuple[float, dict]:
     views, model = densifying_scene(torch.float32)
     engine = make_engine(model, BATCH, torch.zeros(3), device=device)
     result = engine.forward_backward(views[:BATCH], GradientNorms())
     return result.loss, by_key(engine.model.keys.cpu(),
-                               {n: p.grad.cpu() for n, p in engine.model.parameters().items()
-                                if p.grad is not None})
+                               {n: g.cpu() for n, g in engine.rows.gradients().items()})
 
 
 def two_ranks_against_one(engine: str, device: str, tmp_path) -> None:
@@ -144,8 +131,7 @@ def affine_step(device: str) -> tuple[float, list, Tensor, dict]:
     grads = [leaf.grad.clone() for leaf in leaves]
     colours.step(ids, leaves, 0.05)
     return loss, grads, colours.transforms, by_key(
-        engine.model.keys.cpu(), {n: p.grad.cpu() for n, p in engine.model.parameters().items()
-                                  if p.grad is not None})
+        engine.model.keys.cpu(), {n: g.cpu() for n, g in engine.rows.gradients().items()})
 
 
 @pytest.mark.gpu

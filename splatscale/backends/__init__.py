@@ -78,6 +78,10 @@ class Backend:
       [0, 1], equal on every device to the host's division by 255;
     - ``shares_host_memory``: the device's tensors are host memory, so a host
       tensor is used where it is, never copied or kept apart;
+    - ``gathers_seen_rows``: a resident engine renders from the rows its views see,
+      gathered, where a whole-model gradient would cost more than the gather (on
+      the CPU: faulting in, filling and reading gradient buffers of every row; a
+      GPU's projection culls inside its kernels);
     - ``free_memory(device) -> int``: the bytes free on the device now;
     - ``synchronize(device)``: the host waits for all work queued on the device;
     - ``streams``: the device's queues, None where it has none (work is done when
@@ -96,6 +100,7 @@ class Backend:
                         None]
     pixels_as_float: Callable[[Tensor, torch.dtype], Tensor]
     shares_host_memory: bool
+    gathers_seen_rows: bool
     free_memory: Callable[[torch.device], int]
     synchronize: Callable[[torch.device], None]
     streams: Streams | None

@@ -50,4 +50,5 @@ BACKEND = Backend(
     composite=composite_cpu,
     abs_difference_sum=abs_difference_sum_cpu, squared_error_sum=squared_error_sum_cpu,
     ssim=ssim_cpu, adam_step=adam_step, pixels_as_float=pixels_as_float,
-    shares_host_memory=True, free_memory=free_memory, synchronize=synchronize, streams=None)
+    shares_host_memory=True, gathers_seen_rows=True, free_memory=free_memory,
+    synchronize=synchronize, streams=None)

@@ -265,7 +265,8 @@ def backend(kernels: Callable[[], Kernels] = cuda_kernels) -> Backend:
         composite=composite_,
         abs_difference_sum=abs_difference_sum_torch, squared_error_sum=squared_error_sum_torch,
         ssim=ssim_torch, adam_step=adam_step, pixels_as_float=pixels_as_float,
-        shares_host_memory=False, free_memory=free_memory, synchronize=torch.cuda.synchronize,
+        shares_host_memory=False, gathers_seen_rows=False, free_memory=free_memory,
+        synchronize=torch.cuda.synchronize,
         streams=STREAMS)
 
 

@@ -19,7 +19,7 @@ from typing import Callable, Protocol
 import torch
 from torch import Tensor
 
-from splatscale.backends import Backend
+from splatscale.backends import Backend, backend_for
 from splatscale.data.cameras import Camera
 from splatscale.engine.state import EngineState
 from splatscale.model.gaussians import GaussianModel
@@ -63,6 +63,11 @@ class Rows(Protocol):
         ``working.model``'s gradients will be the step's. They are kept for ``step``."""
         ...
 
+    def gradients(self) -> dict[str, Tensor]:
+        """Pre: ``gradients_taken``. The step's gradient of every row of the groups that
+        have one, dense: zero for the rows no view saw."""
+        ...
+
     def expect(self, cameras: list[Camera], learning_rates: dict[str, float]) -> None:
         """The next ``working_set`` after this step's will be of ``cameras``, and this
         step's ``step`` will take ``learning_rates``: its rows may be got ready early.
@@ -96,46 +101,107 @@ class Rows(Protocol):
         ...
 
 
+# A step renders from its seen rows, gathered, when they are at most this share.
+GATHER_SHARE = 0.5
+
+
 class ResidentRows:
-    """Every row on ``device``: always current."""
+    """Every row on ``device``: always current.
+
+    Where the backend ``gathers_seen_rows`` (the CPU's) and a batch sees at most
+    ``GATHER_SHARE`` of the rows, a step renders from those rows alone, gathered:
+    the backward pass makes their gradients only, and Adam's dense step reads them
+    from gradient buffers of every row kept between steps (zero but for the rows a
+    step writes, which it zeroes again after), so no gradient of the whole model
+    is allocated, faulted in or filled. Otherwise the whole model is rendered.
+    Either way it is the same step, bit for bit."""
 
     def __init__(self, model: GaussianModel, batch_size: int, device: str = "cpu",
                  backend: Backend | None = None) -> None:
-        """``backend`` steps Adam (None: the device's)."""
+        """``backend`` renders and steps Adam (None: the device's)."""
         self.device = torch.device(device)
+        self.backend = backend or backend_for(self.device)
         self.row_set = RowSet(model.to(device=self.device))
         self.optimizer = GaussianAdam(GaussianModel.PARAMETERS, batch_size, backend)
+        self.taken: WorkingSet | None = None  # gathered rows whose gradients ``step`` takes
+        self.zero_grads: dict[str, Tensor] = {}  # by group, zero between steps
 
     def working_set(self, cameras: list[Camera]) -> WorkingSet:
         model = self.row_set.model
-        return WorkingSet(torch.arange(len(model), device=self.device), model)
+        if not self.backend.gathers_seen_rows:
+            return WorkingSet(torch.arange(len(model), device=self.device), model)
+        with torch.no_grad():
+            seen = self.backend.visibility(model, cameras)
+            kept = seen.visible.any(dim=0).nonzero()[:, 0]
+            if len(kept) > GATHER_SHARE * len(model):
+                return WorkingSet(torch.arange(len(model), device=self.device), model, seen)
+            values = {n: t.detach().index_select(0, kept) for n, t in model.parameters().items()}
+            gathered = GaussianModel(**values, sh_degree=model.sh_degree,
+                                     keys=model.keys.index_select(0, kept),
+                                     antialiased=model.antialiased)
+        return WorkingSet(kept, gathered.requires_grad_(True), seen.of_gaussians(kept))
 
     def gradients_taken(self, working: WorkingSet) -> None:
-        """The gradients stay on the model's tensors."""
+        """The gradients stay on the working set's tensors (the model's, when whole)."""
+        self.taken = working if working.model is not self.row_set.model else None
+
+    def gradients(self) -> dict[str, Tensor]:
+        if self.taken is None:
+            return {name: p.grad for name, p in self.row_set.params.items()
+                    if p.grad is not None}
+        return {name: torch.zeros_like(self.row_set.params[name].detach()).index_copy_(
+                    0, self.taken.rows, p.grad)
+                for name, p in self.taken.model.parameters().items() if p.grad is not None}
 
     def expect(self, cameras: list[Camera], learning_rates: dict[str, float]) -> None:
         """Every row is on the device already."""
 
     def add_gradient(self, term: Callable[[dict[str, Tensor]], dict[str, Tensor]]) -> None:
+        """``term``'s gradient is of every row: the gathered rows' become a dense one."""
         params = self.row_set.params
+        if self.taken is not None:
+            for name, grad in self.gradients().items():
+                params[name].grad = grad
+            self.taken = None
         for name, grad in term(params).items():
             param = params[name]
             param.grad = grad if param.grad is None else param.grad + grad
 
     def step(self, learning_rates: dict[str, float]) -> None:
+        taken, self.taken = self.taken, None
+        if taken is not None:
+            self._lend_gradients(taken)
         self.optimizer.step(self.row_set, learning_rates, self.row_set.take_edited())
+        if taken is not None:
+            for grad in self.zero_grads.values():
+                grad.index_fill_(0, taken.rows, 0)
+
+    def _lend_gradients(self, taken: WorkingSet) -> None:
+        """The gathered rows' gradients written into the kept buffers, as the groups'
+        dense gradients."""
+        for name, param in self.row_set.params.items():
+            grad = taken.model.parameters()[name].grad
+            if grad is None:
+                continue
+            if name not in self.zero_grads or len(self.zero_grads[name]) != len(param):
+                self.zero_grads[name] = torch.zeros_like(param.detach())
+            param.grad = self.zero_grads[name].index_copy_(0, taken.rows, grad)
 
     def bring_current(self) -> None:
         """Resident rows are always current."""
 
     def rows_edited(self, replaced: bool) -> None:
-        """Nothing is derived from the rows here."""
+        """Where rows were ``replaced``, the gathered rows' gradients belong to rows
+        that are gone: no group is stepped with them."""
+        if replaced:
+            self.taken = None
 
     def state_dict(self) -> EngineState:
         return rows_state(self)
 
     def load_state_dict(self, state: EngineState) -> None:
         load_rows_state(self, state)
+        self.taken = None
 
     def close(self) -> None:
         """Nothing works beside the steps."""

@@ -152,6 +152,13 @@ class OffloadedRows:
             self._send_ahead(self.ahead, working.rows)
         self.pending = Update(working.rows, grads.ready())
 
+    def gradients(self) -> dict[str, Tensor]:
+        update = self.pending
+        assert update is not None, "gradients follow gradients_taken"
+        count = len(self.row_set)
+        return {name: grad.new_zeros((count, *grad.shape[1:])).index_copy_(0, update.rows, grad)
+                for name, grad in update.grads.items()}
+
     def _send_ahead(self, ahead: Ahead, seen: Tensor) -> None:
         """While the device runs the backward pass: the next step's candidates that
         this step does not see, as they will be after it, sent."""
