@@ -87,6 +87,24 @@ def test_projection_kernels_equal_the_torch_projection(wide_scene):
     assert ((x / z).abs() > 1.3 * 0.5 * 45 / Ks[camera_ids, 0, 0]).sum() > 10
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_the_kernel_rules_out_no_gaussian_the_test_keeps(dtype):
+    """The visibility kernel rules a Gaussian out by a bound before computing its shape
+    and opacity: 20,000 Gaussians of every size around and across the views' edges,
+    tiny to larger than the view, and the kernel keeps exactly what the torch test
+    keeps."""
+    from splatscale.render.projection import _visibility_kernel, _visibility_torch
+    from splatscale.render.splats import camera_tensors
+    model = random_model(20_000, seed=21, spread=6.0, log_scale=(-7.0, 1.0), dtype=dtype,
+                         opacity=(0.002, 1.0))
+    cameras = orbit_cameras(2, 64, 48, radius=4.0, dtype=dtype)
+    tensors = (model.means, model.quats, model.log_scales, model.opacity_logits,
+               *camera_tensors(cameras, model.means))
+    ours, reference = _visibility_kernel(*tensors), _visibility_torch(*tensors)
+    assert 0.05 < ours.visible.float().mean() < 0.95
+    assert torch.equal(ours.visible, reference.visible)
+
+
 def test_projection_kernels_pass_gradcheck(wide_scene):
     from splatscale.render.projection import _EwaPairs
     model, cameras = wide_scene

@@ -54,10 +54,10 @@ from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.render.conventions import EPS2D, FAR_PLANE, FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS
-from splatscale.render.projection_kernels import CHUNK
+from splatscale.render.projection_kernels import (CHUNK, SLACK_PIXELS,
+                                                  pinhole_axis_may_see)
 from splatscale.render.splats import camera_tensors, fisheye_cameras
 
-SLACK_PIXELS = 1.0  # the exact box is rounded up to whole pixels, and floats round
 FISHEYE_MARGIN = 1.01  # the fisheye extent's, for gsplat's eps in its Jacobian
 
 
@@ -173,30 +173,13 @@ def _candidates_of(lo, hi, means, log_scales, reach_means, reach_scales, viewmat
                 seen = _fisheye_may_see(x, y, z, reach, largest, Ks, c, sizes[c, 0],
                                         sizes[c, 1])
             else:
-                seen = (_pinhole_axis_may_see(x, z, reach, near, largest, Ks[c, 0, 0],
+                seen = (pinhole_axis_may_see(x, z, reach, near, largest, Ks[c, 0, 0],
                                               Ks[c, 0, 2], sizes[c, 0])
-                        and _pinhole_axis_may_see(y, z, reach, near, largest, Ks[c, 1, 1],
+                        and pinhole_axis_may_see(y, z, reach, near, largest, Ks[c, 1, 1],
                                                   Ks[c, 1, 2], sizes[c, 1]))
             if seen:
                 keep[g] = True
                 break
-
-
-@numba.njit(inline="always")
-def _pinhole_axis_may_see(offset, z, reach, near, largest, focal, centre,
-                          size):  # pragma: no cover - compiled
-    """Whether the pinhole bound's box may meet the image along one axis (``near``
-    beyond the near plane)."""
-    margin = (FRUSTUM_CLAMP - 1.0) * 0.5 * size / focal
-    limit = max((size - centre) / focal, centre / focal) + margin
-    low = high = (offset - reach) / (z - reach)
-    for a in (-1.0, 1.0):
-        for b in (-1.0, 1.0):
-            ratio = (offset + a * reach) / (z + b * reach)
-            low, high = min(low, ratio), max(high, ratio)
-    extent = RADIUS_SIGMAS * math.sqrt((focal / near) ** 2 * (1 + limit ** 2) * largest ** 2
-                                       + EPS2D) + SLACK_PIXELS
-    return focal * high + centre + extent > 0 and focal * low + centre - extent < size
 
 
 @numba.njit(inline="always")

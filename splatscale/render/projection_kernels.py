@@ -44,12 +44,14 @@ from __future__ import annotations
 import math
 
 import numba
+import numpy as np
 from numba import prange
 
 from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_EPS,
                                            FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS)
 
 CHUNK = 256  # pairs (or Gaussians) per parallel task
+SLACK_PIXELS = 1.0  # the exact box is rounded up to whole pixels, and floats round
 
 
 @numba.njit(inline="always")
@@ -436,6 +438,26 @@ def _box(jw, rot, scale, mx, my, width, height, opacity, sigmas,
     return 0, 0, False
 
 
+@numba.njit(inline="always")
+def pinhole_axis_may_see(offset, z, reach, near, largest, focal, centre,
+                          size):  # pragma: no cover - compiled
+    """Whether the box of a splat whose camera-space centre lies within ``reach`` of
+    (``offset``, ``z``) along one axis, nearer than ``near`` (beyond the near plane),
+    with no scale above ``largest``, may meet the image along that axis: a bound of
+    ``_box``'s test (render/drift.py says why it holds; ``reach`` 0: a Gaussian
+    where it is)."""
+    margin = (FRUSTUM_CLAMP - 1.0) * 0.5 * size / focal
+    limit = max((size - centre) / focal, centre / focal) + margin
+    low = high = (offset - reach) / (z - reach)
+    for a in (-1.0, 1.0):
+        for b in (-1.0, 1.0):
+            ratio = (offset + a * reach) / (z + b * reach)
+            low, high = min(low, ratio), max(high, ratio)
+    extent = RADIUS_SIGMAS * math.sqrt((focal / near) ** 2 * (1 + limit ** 2) * largest ** 2
+                                       + EPS2D) + SLACK_PIXELS
+    return focal * high + centre + extent > 0 and focal * low + centre - extent < size
+
+
 @numba.njit(nogil=True, cache=True)
 def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, Ks, sizes,
                    fisheye, antialiased, radii, visible):  # pragma: no cover - compiled
@@ -444,15 +466,30 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
     fisheye camera's pairs have the near plane, box and image test of a pinhole's (as
     gsplat's kernel), around the equidistant projection."""
     for g in range(lo, hi):
-        _, _, _, _, _, rot = _rotation(quats, g)
-        scale = _scales(log_scales, g)
-        opacity = 1.0 / (1.0 + math.exp(-opacity_logits[g]))
-        sigmas = min(RADIUS_SIGMAS, math.sqrt(2 * math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)))
+        largest = math.exp(max(np.float64(log_scales[g, 0]), np.float64(log_scales[g, 1]),
+                               np.float64(log_scales[g, 2])))
+        described = False
         for c in range(viewmats.shape[0]):
             width, height = sizes[c, 0], sizes[c, 1]
             x, y, z = _camera_point(means, g, viewmats, c)
             radii[c, g, 0], radii[c, g, 1], visible[c, g] = 0, 0, False
-            if not (NEAR_PLANE < z < FAR_PLANE) or opacity < ALPHA_MIN:
+            if not (NEAR_PLANE < z < FAR_PLANE):
+                continue
+            # Most Gaussians of a large scene are out of a view's sight: the bound rules
+            # them out before their shape and opacity are computed.
+            if not fisheye[c] and not (
+                    pinhole_axis_may_see(x, z, 0.0, z, largest, Ks[c, 0, 0], Ks[c, 0, 2], width)
+                    and pinhole_axis_may_see(y, z, 0.0, z, largest, Ks[c, 1, 1], Ks[c, 1, 2],
+                                             height)):
+                continue
+            if not described:
+                _, _, _, _, _, rot = _rotation(quats, g)
+                scale = _scales(log_scales, g)
+                opacity = 1.0 / (1.0 + math.exp(-opacity_logits[g]))
+                sigmas = min(RADIUS_SIGMAS,
+                             math.sqrt(2 * math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)))
+                described = True
+            if opacity < ALPHA_MIN:
                 continue
             if fisheye[c]:
                 mx, my, jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
