@@ -101,8 +101,9 @@ class Rows(Protocol):
         ...
 
 
-# A step renders from its seen rows, gathered, when they are at most this share.
-GATHER_SHARE = 0.5
+# A step renders from its seen rows, gathered, when they are at most this share (below
+# it the gather costs less than a whole-model gradient saves: docs/benchmarks.md).
+GATHER_SHARE = 0.2
 
 
 class ResidentRows:
