@@ -363,13 +363,13 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
 
         with held():
             trainer, record, watcher = group.agreed(prepare, ranks)
+        if args.device == "cpu" and not kernels_cached():
+            notice("compiling the CPU kernels (once: later runs reuse them)")
+            if ranks is None:  # ranks compile side by side already; before the folder
+                compile_kernels()  # changes, so that stopping it here leaves the folder be
         if writes:
             RunFolder(args.output).begin(trainer.images_seen if args.resume else None)
             write_json(args.output / "config.json", record)
-        if args.device == "cpu" and not kernels_cached():
-            notice("compiling the CPU kernels (once: later runs reuse them)")
-            if ranks is None:  # ranks compile side by side already
-                compile_kernels()
         report = trainer.run(watcher)
     if writes:
         for line in summary(report, args.output):

@@ -126,6 +126,18 @@ def test_the_compile_halves_compile_what_a_training_step_calls(tmp_path):
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
+def test_a_cold_cache_is_filled_by_both_processes(tmp_path):
+    """``compile_kernels`` on an empty cache: the child's half (the projection backward
+    among the largest kernels) reaches the cache as this process' half does."""
+    fill = ("from splatscale.backends.cpu_compile import compile_kernels, kernels_cached; "
+            "print(kernels_cached()); compile_kernels(); print(kernels_cached())")
+    done = subprocess.run([sys.executable, "-c", fill], capture_output=True, text=True,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+                          timeout=HANG_GUARD)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
+
+
 def test_train_help_comes_in_groups_and_says_every_default():
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     titles = [group.title for group in train._action_groups]

@@ -8,14 +8,15 @@ by a tiny synthetic step of its stages through the very calls training makes (so
 the argument types, and so the specialisations cached, are training's own):
 the geometry (visibility, projection, SH), the loss and Adam in a child process,
 the pixels (binning, compositing) in this one. The child's kernels reach this
-process through the cache. One it has not finished when this process calls it
-is compiled here too: nothing waits on the child, and nothing depends on it.
+process through the cache; one it could not compile is compiled here when first
+called, as without it: nothing depends on the child.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -45,17 +46,24 @@ def kernels_cached() -> bool:
 
 def compile_kernels() -> None:
     """Every kernel of a default training step compiled (or loaded from the cache):
-    the geometry's half in a child process while this one compiles the pixels'."""
-    child = subprocess.Popen([sys.executable, "-m", __name__, "geometry"],
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    the geometry's half in a child process while this one compiles the pixels', then
+    the child awaited. Where the child cannot start or fails, the run compiles what
+    it lacks itself; interrupted, the child is ended with it."""
+    package_root = Path(__file__).resolve().parents[2]  # the child imports this splatscale
+    try:
+        child = subprocess.Popen([sys.executable, "-m", __name__, "geometry"],
+                                 cwd=package_root, stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        child = None
     try:
         pixels_half()
-    except BaseException:
-        child.kill()
-        raise
+        if child is not None:
+            child.wait()
     finally:
-        child.wait()
+        if child is not None and child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 def _camera() -> Camera:

@@ -113,9 +113,10 @@ class ResidentRows:
     ``GATHER_SHARE`` of the rows, a step renders from those rows alone, gathered:
     the backward pass makes their gradients only, and Adam's dense step reads them
     from gradient buffers of every row kept between steps (zero but for the rows a
-    step writes, which it zeroes again after), so no gradient of the whole model
-    is allocated, faulted in or filled. Otherwise the whole model is rendered.
-    Either way it is the same step, bit for bit."""
+    step writes, which it zeroes again after), so no step allocates, faults in or
+    fills a gradient of the whole model. Otherwise the whole model is rendered
+    (and the kept buffers, once made, stay beside its gradient). Either way it is
+    the same step, bit for bit."""
 
     def __init__(self, model: GaussianModel, batch_size: int, device: str = "cpu",
                  backend: Backend | None = None) -> None:
@@ -170,23 +171,30 @@ class ResidentRows:
 
     def step(self, learning_rates: dict[str, float]) -> None:
         taken, self.taken = self.taken, None
-        if taken is not None:
-            self._lend_gradients(taken)
-        self.optimizer.step(self.row_set, learning_rates, self.row_set.take_edited())
-        if taken is not None:
-            for grad in self.zero_grads.values():
-                grad.index_fill_(0, taken.rows, 0)
+        if taken is None:
+            self.optimizer.step(self.row_set, learning_rates, self.row_set.take_edited())
+            return
+        lent = self._lend_gradients(taken)
+        try:
+            self.optimizer.step(self.row_set, learning_rates, self.row_set.take_edited())
+        finally:
+            for name in lent:
+                self.zero_grads[name].index_fill_(0, taken.rows, 0)
 
-    def _lend_gradients(self, taken: WorkingSet) -> None:
+    def _lend_gradients(self, taken: WorkingSet) -> list[str]:
         """The gathered rows' gradients written into the kept buffers, as the groups'
-        dense gradients."""
+        dense gradients; the groups lent."""
+        lent = []
         for name, param in self.row_set.params.items():
             grad = taken.model.parameters()[name].grad
             if grad is None:
                 continue
-            if name not in self.zero_grads or len(self.zero_grads[name]) != len(param):
+            kept = self.zero_grads.get(name)
+            if kept is None or kept.shape != param.shape or kept.dtype != param.dtype:
                 self.zero_grads[name] = torch.zeros_like(param.detach())
             param.grad = self.zero_grads[name].index_copy_(0, taken.rows, grad)
+            lent.append(name)
+        return lent
 
     def bring_current(self) -> None:
         """Resident rows are always current."""

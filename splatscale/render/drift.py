@@ -148,7 +148,9 @@ def _candidates(means, log_scales, reach_means, reach_scales, viewmats, Ks, size
 @numba.njit(nogil=True, cache=True)
 def _candidates_of(lo, hi, means, log_scales, reach_means, reach_scales, viewmats, Ks, sizes,
                    fisheye, keep):  # pragma: no cover - compiled
-    """Gaussians [lo, hi) of ``_candidates``: the torch code's arithmetic, in float64."""
+    """Gaussians [lo, hi) of ``_candidates``: the torch code's bound, in float64 (its
+    sums in another order, so a Gaussian exactly on the bound's edge may be decided
+    either way: both ways keep every Gaussian the exact test may keep)."""
     for g in range(lo, hi):
         m0, m1, m2 = np.float64(means[g, 0]), np.float64(means[g, 1]), np.float64(means[g, 2])
         reach = reach_means[g] * math.sqrt(3.0)
