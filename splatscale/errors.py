@@ -117,11 +117,19 @@ def run_reported(call: Callable[[], int | None]) -> int:
         return _report(error, rank())
 
 
+def _silence_finalisers() -> None:
+    """A stop may cut a library's object short while it is being made (an image writer
+    of viser's, say), whose finaliser then fails as the process ends: the command has
+    said how it ended, and what such finalisers raise from here on is not said."""
+    sys.unraisablehook = lambda unraisable: None
+
+
 def _report(error: BaseException, me: int | None) -> int:
     if me is not None and lost_peer(error):
         return QUIET_EXIT
     prefix = f"rank {me}: " if me is not None else ""
     if interruption(error) or _signalled:
+        _silence_finalisers()
         if me in (None, 0):
             say("interrupted")
             return 130

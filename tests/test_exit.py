@@ -77,3 +77,33 @@ def test_a_stopped_command_exits_with_its_status(tmp_path):
                           "--format", "splat"], cwd=tmp_path, capture_output=True, text=True,
                          timeout=HANG_GUARD)
     assert (ran.returncode, ran.stderr) == (130, "splatscale: interrupted\n")
+
+
+HALF_MADE = """
+import sys
+from splatscale import cli
+
+class HalfMade:
+    def __init__(self):
+        raise KeyboardInterrupt  # a stop, while the object is being made
+
+    def __del__(self):
+        self.writer.close()  # never set: fails as a cut-short library object does
+
+def stopped_while_making():
+    HalfMade()
+
+from splatscale import native
+native.load_all = stopped_while_making
+sys.exit(cli.main())
+"""
+
+
+def test_a_stop_says_one_line_whatever_a_half_made_object_raises(tmp_path):
+    """An object a stop cut short fails in its finaliser after the command has said
+    it was interrupted: nothing more is said."""
+    (tmp_path / "half_made.py").write_text(HALF_MADE)
+    ran = subprocess.run([sys.executable, "-m", "half_made", "export", "missing.ply",
+                          "--format", "splat"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=HANG_GUARD)
+    assert (ran.returncode, ran.stderr) == (130, "splatscale: interrupted\n")
