@@ -15,7 +15,7 @@ import torch
 from splatscale.cli import build_parser, main
 from splatscale.train.progress import TimeLeft, duration_text
 from splatscale.train.summary import summary
-from tests.conftest import HANG_GUARD
+from tests.conftest import HANG_GUARD, data_path
 
 TOTAL, DENSIFY_FROM, GROWTH_ENDS = 30_000, 500, 15_000
 
@@ -111,7 +111,7 @@ def compiled():
 cpu_compile.geometry_half()
 cpu_compile.pixels_half()
 before = compiled()
-main(["train", "tests/data/snowmiku", "--iterations", "3", "--resolution", "8", "--quiet",
+main(["train", sys.argv[2], "--iterations", "3", "--resolution", "8", "--quiet",
       "--output", sys.argv[1]])
 print(sorted(compiled() - before))
 """
@@ -120,7 +120,8 @@ print(sorted(compiled() - before))
 def test_the_compile_halves_compile_what_a_training_step_calls(tmp_path):
     """A first run compiles its kernels in two processes: what they compile is every
     specialisation a default training step calls, so the run itself compiles none."""
-    done = subprocess.run([sys.executable, "-c", COMPILED_BY_A_RUN, str(tmp_path / "run")],
+    done = subprocess.run([sys.executable, "-c", COMPILED_BY_A_RUN, str(tmp_path / "run"),
+                           str(data_path("snowmiku"))],
                           capture_output=True, text=True, timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"

@@ -54,7 +54,7 @@ from torch import Tensor
 
 from splatscale.data.cameras import Camera
 from splatscale.render.conventions import EPS2D, FAR_PLANE, FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS
-from splatscale.render.projection_kernels import (CHUNK, SLACK_PIXELS,
+from splatscale.render.projection_kernels import (CHUNK, SLACK_PIXELS, camera_point,
                                                   pinhole_axis_may_see)
 from splatscale.render.splats import camera_tensors, fisheye_cameras
 
@@ -152,19 +152,13 @@ def _candidates_of(lo, hi, means, log_scales, reach_means, reach_scales, viewmat
     sums in another order, so a Gaussian exactly on the bound's edge may be decided
     either way: both ways keep every Gaussian the exact test may keep)."""
     for g in range(lo, hi):
-        m0, m1, m2 = np.float64(means[g, 0]), np.float64(means[g, 1]), np.float64(means[g, 2])
         reach = reach_means[g] * math.sqrt(3.0)
         scale = max(np.float64(log_scales[g, 0]), np.float64(log_scales[g, 1]),
                     np.float64(log_scales[g, 2]))
         largest = math.exp(scale + reach_scales[g])
         keep[g] = False
         for c in range(viewmats.shape[0]):
-            x = viewmats[c, 0, 0] * m0 + viewmats[c, 0, 1] * m1 + viewmats[c, 0, 2] * m2 \
-                + viewmats[c, 0, 3]
-            y = viewmats[c, 1, 0] * m0 + viewmats[c, 1, 1] * m1 + viewmats[c, 1, 2] * m2 \
-                + viewmats[c, 1, 3]
-            z = viewmats[c, 2, 0] * m0 + viewmats[c, 2, 1] * m1 + viewmats[c, 2, 2] * m2 \
-                + viewmats[c, 2, 3]
+            x, y, z = camera_point(means, g, viewmats, c)  # in float64, as the viewmats
             if not (z + reach > NEAR_PLANE and z - reach < FAR_PLANE):
                 continue
             if z - reach <= NEAR_PLANE:  # a centre this close may project anywhere

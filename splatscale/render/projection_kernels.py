@@ -68,7 +68,7 @@ def _rotation(quats, g):  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always")
-def _camera_point(means, g, viewmats, c):  # pragma: no cover - compiled
+def camera_point(means, g, viewmats, c):  # pragma: no cover - compiled
     m0, m1, m2 = means[g, 0], means[g, 1], means[g, 2]
     x = viewmats[c, 0, 0] * m0 + viewmats[c, 0, 1] * m1 + viewmats[c, 0, 2] * m2 + viewmats[c, 0, 3]
     y = viewmats[c, 1, 0] * m0 + viewmats[c, 1, 1] * m1 + viewmats[c, 1, 2] * m2 + viewmats[c, 1, 3]
@@ -181,7 +181,7 @@ def _forward_pairs(lo, hi, means, quats, log_scales, gaussian_ids, camera_ids, v
     """Pairs [lo, hi): means2d, conic, depth and (``antialiased``) compensation."""
     for i in range(lo, hi):
         g, c = gaussian_ids[i], camera_ids[i]
-        x, y, z = _camera_point(means, g, viewmats, c)
+        x, y, z = camera_point(means, g, viewmats, c)
         _, _, _, _, _, rot = _rotation(quats, g)
         scale = _scales(log_scales, g)
         if fisheye[c]:
@@ -279,7 +279,7 @@ def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, antialia
     """d loss / d (mean 3, quat 4, log-scale 3) of pair i (Gaussian g, pinhole camera c),
     as a 10-tuple."""
     fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
-    x, y, z = _camera_point(means, g, viewmats, c)
+    x, y, z = camera_point(means, g, viewmats, c)
     jw, tx, ty, held_x, held_y = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
     qw, qx, qy, qz, norm, rot = _rotation(quats, g)
     b, v_b, v_jw0, v_jw1, r = _cov2d_gradient(jw, rot, _scales(log_scales, g), antialiased,
@@ -317,7 +317,7 @@ def _fisheye_pair_gradient(means, quats, log_scales, g, viewmats, Ks, c, antiali
     as gsplat's CUDA kernel computes it (``fisheye_proj_vjp``): through J for means2d,
     and through J's derivative, as that kernel writes it, for the covariance."""
     fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
-    x, y, z = _camera_point(means, g, viewmats, c)
+    x, y, z = camera_point(means, g, viewmats, c)
     _, _, jw, j = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
     qw, qx, qy, qz, norm, rot = _rotation(quats, g)
     b, v_b, v_jw0, v_jw1, r = _cov2d_gradient(jw, rot, _scales(log_scales, g), antialiased,
@@ -471,7 +471,7 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
         described = False
         for c in range(viewmats.shape[0]):
             width, height = sizes[c, 0], sizes[c, 1]
-            x, y, z = _camera_point(means, g, viewmats, c)
+            x, y, z = camera_point(means, g, viewmats, c)
             radii[c, g, 0], radii[c, g, 1], visible[c, g] = 0, 0, False
             if not (NEAR_PLANE < z < FAR_PLANE):
                 continue
