@@ -273,10 +273,18 @@ def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, re
     # pixels, and form the gradients once per splat after the loop.
     s_x = s_y = s_xx = s_xy = s_yy = v_op = v_c0 = v_c1 = v_c2 = v_c3 = zero
     abs_x = abs_y = zero
-    for block in range(BLOCKS):
+    # Each run of consecutive reached blocks is one pixel loop, not a loop per block:
+    # every loop ends in a horizontal sum of each of its ten vector accumulators.
+    block = 0
+    while block < BLOCKS:
         if not reached >> block & 1:
+            block += 1
             continue
-        for p in _pixels(block * BLOCK, (block + 1) * BLOCK):
+        end = block + 1
+        while end < BLOCKS and reached >> end & 1:
+            end += 1
+        first_pixel, block = block * BLOCK, end
+        for p in _pixels(first_pixel, end * BLOCK):
             dx, dy = mx - px[p], my - py[p]
             sigma = half * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
             gauss = _exp_neg(sigma)
