@@ -3,7 +3,9 @@
 A step of ``make_engine``'s engine at B = 1 (the Trainer's step, taken apart with the
 same calls), timed stage by stage, median of ``--steps`` steps after a
 warm-up, for snowmiku's SfM points jittered up to each model size in
-``--sizes`` (or a trained model, ``--model``), at full and half resolution:
+``--sizes`` (or a trained model, ``--model``), at full and half resolution; or,
+with ``--scene garden``, for ``bench/growth.py``'s Gaussian sweep (the garden
+view at ``--megapixels``, models of ``--sizes`` from ``scenes.garden_scene``):
 
 image (fetch and convert the target), projection (forward), binning,
 compositing (forward), loss (forward), loss backward, compositing backward,
@@ -39,8 +41,9 @@ from splatscale.step.loss import photometric_loss
 from splatscale.step.observer import Seen, SeenView
 from splatscale.strategy.default import GradientNorms
 
+from growth import scaled
 from report import emit
-from scenes import DATA
+from scenes import DATA, garden_scene
 
 RATES = {"means": 1.6e-4, "sh0": 2.5e-3, "shN": 1.25e-4, "opacity_logits": 0.05,
          "log_scales": 5e-3, "quats": 1e-3}
@@ -114,6 +117,29 @@ def profile(store: ImageStore, model, steps: int) -> dict:
     return {name: round(value, 2) for name, value in medians.items()}
 
 
+class GardenView:
+    """``bench/growth.py``'s Gaussian sweep view as a store of one image (black)."""
+
+    def __init__(self, camera) -> None:
+        self.view = camera
+
+    def __len__(self) -> int:
+        return 1
+
+    def camera(self, index: int):
+        return self.view
+
+    def as_float(self, index: int) -> torch.Tensor:
+        return torch.zeros(self.view.height, self.view.width, 3)
+
+
+def garden_run(size: int, megapixels: float, steps: int) -> dict:
+    model, cameras = garden_scene(size)
+    store = GardenView(scaled(cameras[0], megapixels))
+    return {"gaussians": size, "width": store.view.width, "height": store.view.height,
+            "ms": profile(store, model, steps)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", type=int, nargs="+", default=[25_784, 100_000, 300_000])
@@ -121,7 +147,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--model", type=Path, help="a trained snowmiku model (PLY) to profile "
                         "instead of the jittered SfM points (its SH degree: 3)")
+    parser.add_argument("--scene", choices=("snowmiku", "garden"), default="snowmiku")
+    parser.add_argument("--megapixels", type=float, default=1.0, help="of the garden view")
     args = parser.parse_args()
+    if args.scene == "garden":
+        emit({"scene": "garden", "runs": [garden_run(size, args.megapixels, args.steps)
+                                          for size in args.sizes]})
+        return
     scene = read_colmap(DATA / "snowmiku")
     runs = []
     models = ([read_ply(args.model)] if args.model else
