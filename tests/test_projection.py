@@ -191,7 +191,7 @@ def _weights_like(t: torch.Tensor, k: int) -> torch.Tensor:
 def test_pinhole_plain_projection_is_that_of_commit_68d7002(dtype):
     """Fisheye cameras and anti-aliased splats change nothing, bit for bit, for pinhole
     cameras and plain models: the visibility, the splats and their gradients (the torch
-    reference's too) equal those the code computed before either existed
+    reference's to rounding) equal those the code computed before either existed
     (tests/data/projection_68d7002.npz, written by tests/data/projection_68d7002.py at
     that commit). Compositing, which neither touches, is left out: a render's last bits
     differed between numba's cached and freshly compiled compositing kernels."""
@@ -225,9 +225,13 @@ def test_pinhole_plain_projection_is_that_of_commit_68d7002(dtype):
     leaves = parameters[:3]
     c, g = splats.camera_ids, splats.gaussian_ids
     reference = _ewa_pairs(*(t[g] for t in leaves), viewmats[c], Ks[c], sizes[c])[:3]
+    # torch's exp is vectorised and not correctly rounded: its last bit differs between
+    # CPUs (on one, 4 % of float64 values differ from the C library's), so the torch
+    # reference is held to rounding, the kernels above to the bit.
+    tolerance = {"rtol": 1e-12, "atol": 1e-15} if dtype == torch.float64 else {}
     for k, got in enumerate(reference):
-        same(got, f"ewa_torch/{k}")
+        torch.testing.assert_close(got.detach(), _saved(before + f"ewa_torch/{k}"), **tolerance)
     reference_grads = torch.autograd.grad(
         sum((o * w).sum() for o, w in zip(reference, weights[:3])), leaves)
     for k, got in enumerate(reference_grads):
-        same(got, f"ewa_torch_grads/{k}")
+        torch.testing.assert_close(got, _saved(before + f"ewa_torch_grads/{k}"), **tolerance)
