@@ -44,7 +44,7 @@ from splatscale.engine.distributed.partition import partition, tile_row_work
 from splatscale.engine.factory import RankOptions, make_engine, shard_of
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project
-from splatscale.render.compositing_kernels import GRAD_WIDTH
+from splatscale.render.compositing_kernels import PACKED_WIDTH
 from splatscale.strategy import default
 
 from report import emit
@@ -55,9 +55,10 @@ INT_COLUMNS = 4  # radii (2), key, camera: int64 each
 # A splat's row on its way to a renderer, and its gradient on the way back.
 FORWARD_BYTES = FLOAT_BYTES * sum(FLOAT_COLUMNS.values()) + 8 * INT_COLUMNS
 GRADIENT_BYTES = FLOAT_BYTES * sum(FLOAT_COLUMNS.values())
-# One gradient row per intersection and its splat id; per pixel: rgb, depth sum,
-# transmittance and their gradients, and the last contributor's index.
-INTERSECTION_BYTES = FLOAT_BYTES * GRAD_WIDTH + 8
+# One packed row per intersection (its gradient row written over it) and its splat id;
+# per pixel: rgb, depth sum, transmittance and their gradients, and the last
+# contributor's index.
+INTERSECTION_BYTES = FLOAT_BYTES * PACKED_WIDTH + 8
 PIXEL_BYTES = FLOAT_BYTES * 2 * 5 + 4
 
 

@@ -38,10 +38,12 @@ SIGMA_CAP = 10.0
 
 CHANNELS = 4  # red, green, blue, depth
 # Gradient row layout per intersection: means2d (2), conic (3), opacity, rgb (3), depth;
-# with absgrad, then the absolute per-pixel means2d gradients summed (x, y).
-GRAD_MEAN, GRAD_CONIC, GRAD_OPACITY, GRAD_COLOR, GRAD_DEPTH, GRAD_ABS_MEAN = 0, 2, 5, 6, 9, 10
+# with absgrad, then the absolute per-pixel means2d gradients summed (x, y). The backward
+# writes each row over the packed row it read (below), whose column BLOCKS_REACHED (10)
+# it keeps: absgrad's pair follows that column.
+GRAD_MEAN, GRAD_CONIC, GRAD_OPACITY, GRAD_COLOR, GRAD_DEPTH, GRAD_ABS_MEAN = 0, 2, 5, 6, 9, 11
 GRAD_WIDTH = 10
-ABSGRAD_WIDTH = 12
+ABSGRAD_WIDTH = 13
 
 # The kernels read the splats through ``pack``: one row per intersection, in
 # intersection order (tile by tile, nearest first), so a tile reads consecutive
@@ -333,7 +335,9 @@ def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, re
 def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1, final_T,
              last_index, v_rgb, v_depth, v_alpha, isect_grads):
     """Walk each tile back to front, one gradient row per intersection (every row of
-    ``isect_grads`` written, GRAD_WIDTH columns)."""
+    ``isect_grads`` written, GRAD_WIDTH columns). ``isect_grads`` may be ``packed``
+    itself: a row is read before it is written, and its BLOCKS_REACHED column kept
+    (zeroed behind every pixel's last contributor, where it was zero)."""
     _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1,
               final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, False)
 
@@ -398,14 +402,15 @@ def _sum_rows_of(lo, hi, splat_ids, isect_grads, out, width):  # pragma: no cove
 
 @nb.njit(parallel=True, cache=True)
 def sum_per_splat(splat_ids, isect_grads, out, parts):  # pragma: no cover - compiled
-    """out[s] += the gradient rows of splat s's intersections, in intersection order.
-    Each of ``parts`` tasks takes a range of splats (and reads every splat id): a
-    splat's sum never depends on their number."""
+    """out[s] += the gradient rows of splat s's intersections, in intersection order:
+    their first ``out.shape[1]`` columns (GRAD_WIDTH or ABSGRAD_WIDTH). Each of
+    ``parts`` tasks takes a range of splats (and reads every splat id): a splat's sum
+    never depends on their number."""
     count = out.shape[0]
     for part in nb.prange(parts):
         lo, hi = part * count // parts, (part + 1) * count // parts
         # Each width a constant, so that the loop over a row unrolls.
-        if isect_grads.shape[1] == GRAD_WIDTH:
+        if out.shape[1] == GRAD_WIDTH:
             _sum_rows_of(lo, hi, splat_ids, isect_grads, out, GRAD_WIDTH)
         else:
             _sum_rows_of(lo, hi, splat_ids, isect_grads, out, ABSGRAD_WIDTH)

@@ -68,6 +68,17 @@ def _kernel_inputs(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tens
             bins.tile_row0, width, rows[0], rows[1]]
 
 
+def _repack(packed: np.ndarray, splat_ids: np.ndarray, offsets: np.ndarray,
+            tile_order: np.ndarray, means2d: Tensor, conics: Tensor, colors: Tensor,
+            depths: Tensor, opacities: Tensor) -> None:
+    """The splats' values packed again over gradient rows, each row's block mask (the
+    forward's narrowing) kept."""
+    blocks = packed[:, compositing_kernels.BLOCKS_REACHED].astype(np.uint8)
+    compositing_kernels.pack(splat_ids, blocks, offsets, tile_order, _numpy(means2d),
+                             _numpy(conics), _numpy(opacities), _numpy(colors), _numpy(depths),
+                             packed)
+
+
 class _Composite(torch.autograd.Function):
     """Front-to-back alpha compositing of depth-sorted splats (numba kernels).
 
@@ -91,24 +102,32 @@ class _Composite(torch.autograd.Function):
                             last.numpy())
         # The backward kernel takes the same inputs (the packed splats are a copy, whose
         # block masks the forward narrowed to the blocks each splat changed).
-        ctx.save_for_backward(means2d, background, final_T, last)
-        ctx.inputs, ctx.splat_ids = inputs, bins.splat_ids
+        ctx.save_for_backward(means2d, conics, colors, depths, opacities, background, final_T,
+                              last)
+        ctx.inputs, ctx.splat_ids, ctx.rows_written = inputs, bins.splat_ids, False
         return rgb, depth_sum, 1.0 - final_T
 
     @staticmethod
     def backward(ctx, v_rgb: Tensor, v_depth_sum: Tensor, v_alpha: Tensor):
-        means2d, background, final_T, last = ctx.saved_tensors
+        means2d, conics, colors, depths, opacities, background, final_T, last = (
+            ctx.saved_tensors)
         k = compositing_kernels
         absgrad = ctx.needs_input_grad[6]
         width = k.ABSGRAD_WIDTH if absgrad else k.GRAD_WIDTH
-        splat_ids = _numpy(ctx.splat_ids)
-        # Buffers from torch, not numpy, so that torch's profiler counts them.
-        isect_grads = torch.empty((len(splat_ids), width), dtype=means2d.dtype)
+        splat_ids, packed = _numpy(ctx.splat_ids), ctx.inputs[0]
+        if ctx.rows_written:  # a graph kept for a second backward: the splats packed again
+            offsets, tile_order = ctx.inputs[2], ctx.inputs[3]
+            _repack(packed, splat_ids, offsets, tile_order, means2d, conics, colors, depths,
+                    opacities)
         kernel = k.backward_with_absgrad if absgrad else k.backward
+        # Each intersection's gradient row is written over its packed splat: no buffer of
+        # every intersection is mapped, faulted in and freed again.
         kernel(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb), _numpy(v_depth_sum),
-               _numpy(v_alpha), isect_grads.numpy())
+               _numpy(v_alpha), packed)
+        ctx.rows_written = True
+        # From torch, not numpy, so that torch's profiler counts it (bench/memory.py).
         grads = torch.zeros((means2d.shape[0], width), dtype=means2d.dtype)
-        k.sum_per_splat(splat_ids, isect_grads.numpy(), grads.numpy(), numba.get_num_threads())
+        k.sum_per_splat(splat_ids, packed, grads.numpy(), numba.get_num_threads())
         v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
         v_absgrad = grads[:, k.GRAD_ABS_MEAN:k.GRAD_ABS_MEAN + 2] if absgrad else None
         return (grads[:, k.GRAD_MEAN:k.GRAD_MEAN + 2], grads[:, k.GRAD_CONIC:k.GRAD_CONIC + 3],
