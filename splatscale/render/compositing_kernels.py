@@ -40,7 +40,7 @@ CHANNELS = 4  # red, green, blue, depth
 # Gradient row layout per intersection: means2d (2), conic (3), opacity, rgb (3), depth;
 # with absgrad, then the absolute per-pixel means2d gradients summed (x, y). The backward
 # writes each row over the packed row it read (below), whose column BLOCKS_REACHED (10)
-# it keeps: absgrad's pair follows that column.
+# it keeps: absgrad's pair follows that column (summed with the rest, it is never read).
 GRAD_MEAN, GRAD_CONIC, GRAD_OPACITY, GRAD_COLOR, GRAD_DEPTH, GRAD_ABS_MEAN = 0, 2, 5, 6, 9, 11
 GRAD_WIDTH = 10
 ABSGRAD_WIDTH = 13
@@ -337,7 +337,7 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
     """Walk each tile back to front, one gradient row per intersection (every row of
     ``isect_grads`` written, GRAD_WIDTH columns). ``isect_grads`` may be ``packed``
     itself: a row is read before it is written, and its BLOCKS_REACHED column kept
-    (zeroed behind every pixel's last contributor, where it was zero)."""
+    (zeroed behind every pixel's last contributor, where no backward reads it)."""
     _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1,
               final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, False)
 
