@@ -14,8 +14,8 @@ import torch.multiprocessing as mp
 
 from splatscale.data.colmap import read_colmap
 from splatscale.data.images import ImageStore, pixels_as_float
-from splatscale.engine.distributed.cost_model import RowCost
 from splatscale.engine import TrainView
+from splatscale.engine.distributed.cost_model import RowCost
 from splatscale.engine.factory import OffloadOptions, RankOptions, make_engine, shard_of
 from splatscale.engine.state import concat_states
 from splatscale.step.loss import photometric_loss, psnr

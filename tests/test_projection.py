@@ -226,8 +226,7 @@ def test_pinhole_plain_projection_is_that_of_commit_68d7002(dtype):
     c, g = splats.camera_ids, splats.gaussian_ids
     reference = _ewa_pairs(*(t[g] for t in leaves), viewmats[c], Ks[c], sizes[c])[:3]
     # torch's exp is vectorised and not correctly rounded: its last bit differs between
-    # CPUs (on one, 4 % of float64 values differ from the C library's), so the torch
-    # reference is held to rounding, the kernels above to the bit.
+    # CPUs, so the torch reference is held to rounding, the kernels above to the bit.
     tolerance = {"rtol": 1e-12, "atol": 1e-15} if dtype == torch.float64 else {}
     for k, got in enumerate(reference):
         torch.testing.assert_close(got.detach(), _saved(before + f"ewa_torch/{k}"), **tolerance)

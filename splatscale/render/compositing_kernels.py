@@ -39,18 +39,17 @@ SIGMA_CAP = 10.0
 CHANNELS = 4  # red, green, blue, depth
 # Gradient row layout per intersection: means2d (2), conic (3), opacity, rgb (3), depth;
 # with absgrad, then the absolute per-pixel means2d gradients summed (x, y). The backward
-# writes each row over the packed row it read (below), whose column BLOCKS_REACHED (10)
-# it keeps: absgrad's pair follows that column (summed with the rest, it is never read).
-GRAD_MEAN, GRAD_CONIC, GRAD_OPACITY, GRAD_COLOR, GRAD_DEPTH, GRAD_ABS_MEAN = 0, 2, 5, 6, 9, 11
+# writes each row over the packed row it read (below), short of its last column.
+GRAD_MEAN, GRAD_CONIC, GRAD_OPACITY, GRAD_COLOR, GRAD_DEPTH, GRAD_ABS_MEAN = 0, 2, 5, 6, 9, 10
 GRAD_WIDTH = 10
-ABSGRAD_WIDTH = 13
+ABSGRAD_WIDTH = 12
 
 # The kernels read the splats through ``pack``: one row per intersection, in
 # intersection order (tile by tile, nearest first), so a tile reads consecutive
 # rows; read through the splat ids, every intersection would be a cache miss.
-(MEAN_X, MEAN_Y, CONIC_A, CONIC_B, CONIC_C, OPACITY, RED, GREEN, BLUE, DEPTH,
- BLOCKS_REACHED) = range(11)
 PACKED_WIDTH = 16  # 64 bytes in float32: one cache line
+MEAN_X, MEAN_Y, CONIC_A, CONIC_B, CONIC_C, OPACITY, RED, GREEN, BLUE, DEPTH = range(10)
+BLOCKS_REACHED = PACKED_WIDTH - 1  # the last column: no gradient row reaches it
 
 
 @intrinsic
