@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from splatscale.step.loss import abs_difference_sum, photometric_loss, psnr
-from splatscale.step.ssim import ssim, ssim_map
+from splatscale.step.ssim import BAND, ssim, ssim_cpu, ssim_map, ssim_torch
 
 
 def direct_ssim_map(a, b):
@@ -46,6 +46,22 @@ def test_fused_cpu_ssim_value_and_gradient():
     (got,) = torch.autograd.grad(value * 3.0, a)
     torch.testing.assert_close(value, reference.detach(), rtol=1e-12, atol=0)
     torch.testing.assert_close(got, 3.0 * want, rtol=1e-9, atol=1e-15)
+
+
+def test_fused_cpu_ssim_of_an_image_of_many_bands():
+    """An image several times the rows the kernel keeps at once, the sum over rows
+    cut inside it, with and without weights: the fused kernel is torch's."""
+    height = 3 * BAND + 17
+    a, b = images(h=height, w=9, seed=5)
+    a.requires_grad_(True)
+    weights = torch.rand(height, 9, generator=torch.Generator().manual_seed(6),
+                         dtype=torch.float64)
+    for rows, weighed in (((0, height), None), ((7, height - 11), None),
+                          ((BAND - 3, 2 * BAND + 4), weights)):
+        values = [kernel(a, b, rows, 1000, weighed) for kernel in (ssim_cpu, ssim_torch)]
+        grads = [torch.autograd.grad(value, a)[0] for value in values]
+        torch.testing.assert_close(values[0], values[1], rtol=1e-12, atol=0)
+        torch.testing.assert_close(grads[0], grads[1], rtol=1e-10, atol=1e-15)
 
 
 def test_fused_cpu_ssim_float32_close_to_float64():

@@ -71,17 +71,36 @@ def _blur_along(source, taps, step, padded, out):  # pragma: no cover - compiled
         out[x] = total
 
 
+BAND = 64  # rows each pass of the fused kernel takes at once
+
+
 @nb.njit(inline="always")
-def _blur_down(across, y, taps, out):  # pragma: no cover - compiled
-    """out[p] = taps * across[p] down the rows at row y of planes padded with RADIUS
-    zero rows above and below: a row's window."""
-    planes, _, length = across.shape
+def _blur_down(ring, y, taps, out):  # pragma: no cover - compiled
+    """out[p] = taps * ring[p] down the rows, at row y: the ring holds rows y - RADIUS
+    to y + RADIUS (``_ring_slot``)."""
+    planes, _, length = ring.shape
+    first = np.uint64(_ring_slot(ring, y - RADIUS))
     for p in range(planes):
         for x in range(np.uint64(0), np.uint64(length)):
-            total = taps[0] * across[p, y, x]
+            total = taps[0] * ring[p, first, x]
             for k in range(1, WINDOW):
-                total += taps[k] * across[p, y + k, x]
+                total += taps[k] * ring[p, first + np.uint64(k), x]
             out[p, x] = total
+
+
+@nb.njit(inline="always")
+def _ring_slot(ring, y):
+    """Where row y is in a ring of rows: slot y % slots, where slots is the ring's
+    rows short of the last WINDOW - 1, which repeat its first (``_repeat_slot``), so
+    that every window of rows lies in consecutive slots."""
+    return y % (ring.shape[1] - (WINDOW - 1))
+
+
+@nb.njit(inline="always")
+def _repeat_slot(ring, slot):
+    """The slot's rows copied to its repeat past the ring's end, where it has one."""
+    if slot < WINDOW - 1:
+        ring[:, slot + ring.shape[1] - (WINDOW - 1)] = ring[:, slot]
 
 
 @nb.njit(inline="always")
@@ -91,6 +110,61 @@ def _weighted(weights, y, x, value):  # pragma: no cover - compiled
     if weights is None:
         return value
     return weights[y, x] * value
+
+
+@nb.njit(inline="always")
+def _blurred_products(a, b, y, taps, step, ring):  # pragma: no cover - compiled
+    """Row y (zero outside the image) of a, b, a a, b b, a b, each blurred along the
+    row, into its ring slot."""
+    height, length = a.shape
+    slot = _ring_slot(ring, y)
+    if not 0 <= y < height:
+        ring[:, slot] = 0
+        _repeat_slot(ring, slot)
+        return
+    products = np.empty((5, length), a.dtype)
+    padded = np.empty(length + 2 * RADIUS * step, a.dtype)
+    for x in range(np.uint64(0), np.uint64(length)):
+        va, vb = a[y, x], b[y, x]
+        products[0, x], products[1, x] = va, vb
+        products[2, x], products[3, x], products[4, x] = va * va, vb * vb, va * vb
+    for p in range(5):
+        _blur_along(products[p], taps, step, padded, ring[p, slot])
+    _repeat_slot(ring, slot)
+
+
+@nb.njit(inline="always")
+def _ssim_row(across, y, taps, step, c1, c2, row0, row1, n, weights,
+              partials_across):  # pragma: no cover - compiled
+    """Row y's SSIM summed (0 outside rows [row0, row1)), and the partial derivatives
+    of its map, blurred along the row, into their ring slot."""
+    length = across.shape[2]
+    partials = np.zeros((3, length), across.dtype)
+    total = across.dtype.type(0)
+    if row0 <= y < row1:  # else a halo row (or none): it feeds the blur, but is not counted
+        blurred = np.empty((5, length), across.dtype)
+        _blur_down(across, y, taps, blurred)
+        for x in range(np.uint64(0), np.uint64(length)):
+            mu_a, mu_b = blurred[0, x], blurred[1, x]
+            e_aa, e_bb, e_ab = blurred[2, x], blurred[3, x], blurred[4, x]
+            num1 = 2 * mu_a * mu_b + c1
+            num2 = 2 * (e_ab - mu_a * mu_b) + c2
+            den1 = mu_a * mu_a + mu_b * mu_b + c1
+            den2 = e_aa - mu_a * mu_a + e_bb - mu_b * mu_b + c2
+            inv = 1 / (den1 * den2)
+            s = num1 * num2 * inv
+            total += _weighted(weights, y, x, s)
+            partials[0, x] = _weighted(weights, y, x,
+                                       (2 * mu_b * (num2 - num1) * inv
+                                        - 2 * mu_a * s * (1 / den1 - 1 / den2)) / n)
+            partials[1, x] = _weighted(weights, y, x, -s / den2 / n)
+            partials[2, x] = _weighted(weights, y, x, 2 * num1 * inv / n)
+    padded = np.empty(length + 2 * RADIUS * step, across.dtype)
+    slot = _ring_slot(partials_across, y)
+    for p in range(3):
+        _blur_along(partials[p], taps, step, padded, partials_across[p, slot])
+    _repeat_slot(partials_across, slot)
+    return total
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
@@ -105,59 +179,34 @@ def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n, weights,
     With mu = G*a, E_aa = G*(a a), E_ab = G*(a b) (G the window) the map is
     S = (2 mu_a mu_b + c1)(2 (E_ab - mu_a mu_b) + c2) / (D1 D2), and
     d mean(S) / da = G*(dS/dmu_a) + 2 a G*(dS/dE_aa) + b G*(dS/dE_ab), all over
-    the element count: five blurred planes forward, three backward. Each blur
-    runs along the rows into a full plane (RADIUS zero rows above and below), then
-    down them one output row at a time, straight into what needs that row: only
-    the row's window is kept.
+    the element count: five blurred planes forward, three backward. Each blur runs
+    along the rows, then down them. The passes move down the image BAND rows at a
+    time, each a window behind the one before, so only the rows a window still
+    needs are kept, in rings: whole planes of a large image would be fresh memory
+    faulted in on every call.
     """
     height, length = a.shape
-    margin = RADIUS * step
-    across = np.empty((5, height + 2 * RADIUS, length), a.dtype)
-    partials_across = np.empty((3, height + 2 * RADIUS, length), a.dtype)
-    across[:, :RADIUS] = 0
-    across[:, RADIUS + height:] = 0
-    partials_across[:, :RADIUS] = 0
-    partials_across[:, RADIUS + height:] = 0
-    for y in nb.prange(height):
-        products = np.empty((5, length), a.dtype)
-        padded = np.empty(length + 2 * margin, a.dtype)
-        for x in range(np.uint64(0), np.uint64(length)):
-            va, vb = a[y, x], b[y, x]
-            products[0, x], products[1, x] = va, vb
-            products[2, x], products[3, x], products[4, x] = va * va, vb * vb, va * vb
-        for p in range(5):
-            _blur_along(products[p], taps, step, padded, across[p, RADIUS + y])
+    slots = BAND + 2 * RADIUS + WINDOW - 1
+    across = np.empty((5, slots, length), a.dtype)
+    partials_across = np.empty((3, slots, length), a.dtype)
     row_sums = np.zeros(height, a.dtype)
-    for y in nb.prange(height):
-        partials = np.zeros((3, length), a.dtype)
-        padded = np.empty(length + 2 * margin, a.dtype)
-        total = a.dtype.type(0)
-        if row0 <= y < row1:  # else a halo row: it feeds the blur, but is not counted
-            blurred = np.empty((5, length), a.dtype)
-            _blur_down(across, y, taps, blurred)
+    for front in range(BAND - RADIUS, height + 3 * RADIUS + BAND, BAND):
+        # Blurred products of rows [front - BAND, front), from row -RADIUS (a zero pad).
+        for y in nb.prange(front - BAND, min(front, height + RADIUS)):
+            _blurred_products(a, b, y, taps, step, across)
+        # SSIM of rows a window behind, and their blurred partials (zero pads outside).
+        for y in nb.prange(max(front - BAND - RADIUS, -RADIUS),
+                           min(front - RADIUS, height + RADIUS)):
+            total = _ssim_row(across, y, taps, step, c1, c2, row0, row1, n, weights,
+                              partials_across)
+            if 0 <= y < height:
+                row_sums[y] = total
+        # The gradient of rows a window further behind.
+        for y in nb.prange(max(front - BAND - 2 * RADIUS, 0), min(front - 2 * RADIUS, height)):
+            spread = np.empty((3, length), a.dtype)
+            _blur_down(partials_across, y, taps, spread)
             for x in range(np.uint64(0), np.uint64(length)):
-                mu_a, mu_b = blurred[0, x], blurred[1, x]
-                e_aa, e_bb, e_ab = blurred[2, x], blurred[3, x], blurred[4, x]
-                num1 = 2 * mu_a * mu_b + c1
-                num2 = 2 * (e_ab - mu_a * mu_b) + c2
-                den1 = mu_a * mu_a + mu_b * mu_b + c1
-                den2 = e_aa - mu_a * mu_a + e_bb - mu_b * mu_b + c2
-                inv = 1 / (den1 * den2)
-                s = num1 * num2 * inv
-                total += _weighted(weights, y, x, s)
-                partials[0, x] = _weighted(weights, y, x,
-                                           (2 * mu_b * (num2 - num1) * inv
-                                            - 2 * mu_a * s * (1 / den1 - 1 / den2)) / n)
-                partials[1, x] = _weighted(weights, y, x, -s / den2 / n)
-                partials[2, x] = _weighted(weights, y, x, 2 * num1 * inv / n)
-        row_sums[y] = total
-        for p in range(3):
-            _blur_along(partials[p], taps, step, padded, partials_across[p, RADIUS + y])
-    for y in nb.prange(height):
-        spread = np.empty((3, length), a.dtype)
-        _blur_down(partials_across, y, taps, spread)
-        for x in range(np.uint64(0), np.uint64(length)):
-            grad_a[y, x] = spread[0, x] + 2 * a[y, x] * spread[1, x] + b[y, x] * spread[2, x]
+                grad_a[y, x] = spread[0, x] + 2 * a[y, x] * spread[1, x] + b[y, x] * spread[2, x]
     return row_sums.sum() / n
 
 
