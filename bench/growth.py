@@ -1,7 +1,7 @@
 """How training's cost grows on this machine; prints one JSON line, writes docs/growth.png.
 
-Three sweeps, each point in a process of its own (so that its peak resident
-memory, ``VmHWM``, is its own):
+Three sweeps (``--sweeps`` picks some; the plot needs all three), each point in
+a process of its own (so that its peak resident memory, ``VmHWM``, is its own):
 
 - ``gaussians``: one training step of the local engine (forward, backward,
   Adam, densification statistics) at B = 1 on a garden view of ``--megapixels``,
@@ -41,6 +41,7 @@ import numpy as np
 from report import emit
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+SWEEPS = ("gaussians", "pixels", "images")
 GARDEN_PIXELS = 648 * 420
 
 
@@ -221,7 +222,9 @@ def main() -> None:
                         default=[100, 300, 1000, 3000, 5000])
     parser.add_argument("--image-memory", type=int, default=256 * 2 ** 20, metavar="BYTES")
     parser.add_argument("--run-images", type=int, default=20, help="trained per view count")
-    parser.add_argument("--plot", type=Path, default=DOCS / "growth.png")
+    parser.add_argument("--plot", type=Path, default=DOCS / "growth.png",
+                        help="written when every sweep runs")
+    parser.add_argument("--sweeps", nargs="+", choices=SWEEPS, default=list(SWEEPS))
     args = parser.parse_args()
 
     import numba
@@ -232,6 +235,8 @@ def main() -> None:
         for sweep, points in (
                 ("gaussians", [(n, args.megapixels, args.steps) for n in args.gaussian_counts]),
                 ("pixels", [(args.model_gaussians, mp, args.steps) for mp in args.pixel_counts])):
+            if sweep not in args.sweeps:
+                continue
             points = measured(pool, step_point, points)
             x = [p["gaussians" if sweep == "gaussians" else "megapixels"] for p in points]
             result[sweep] = {"points": points,
@@ -239,12 +244,14 @@ def main() -> None:
                                 for value in ("step_seconds", "peak_bytes")}}
             result["threading_layer"] = "/".join(sorted({p.pop("threading_layer")
                                                           for p in points}))
-        with tempfile.TemporaryDirectory() as cache:
-            result["images"] = images_sweep(pool, args, cache)
+        if "images" in args.sweeps:
+            with tempfile.TemporaryDirectory() as cache:
+                result["images"] = images_sweep(pool, args, cache)
         pool.close()
     finally:
         pool.join()
-    plot(result, args.plot)
+    if set(args.sweeps) == set(SWEEPS):
+        plot(result, args.plot)
     emit(result)
 
 
