@@ -22,6 +22,7 @@ from splatscale.engine.seen import tell, watch
 from splatscale.model.gaussians import GaussianModel
 from splatscale.backends import Backend, backend_for
 from splatscale.render import RenderOutput, project, rasterize
+from splatscale.render.dense_gradients import reusing
 from splatscale.step import appearance
 from splatscale.step.loss import psnr_of
 from splatscale.step.selection import Number
@@ -58,7 +59,8 @@ class OneProcess:
             shares.append(view_loss)
             psnrs.append(psnr_of(error, elements))
         loss = sum(shares[1:], shares[0]) / len(batch)
-        loss.backward()
+        with reusing(rows.spare_gradients()):
+            loss.backward()
         rows.gradients_taken(working)
         tell(observer, rows, working, splats)
         result = StepResult(loss.item(), sum(psnrs) / len(psnrs))

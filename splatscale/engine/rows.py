@@ -68,6 +68,11 @@ class Rows(Protocol):
         have one, dense: zero for the rows no view saw."""
         ...
 
+    def spare_gradients(self) -> list[Tensor]:
+        """Buffers the next backward pass may write its gradients into
+        (``render/dense_gradients.py``): nobody else's, whatever is in them."""
+        ...
+
     def expect(self, cameras: list[Camera], learning_rates: dict[str, float]) -> None:
         """The next ``working_set`` after this step's will be of ``cameras``, and this
         step's ``step`` will take ``learning_rates``: its rows may be got ready early.
@@ -127,6 +132,7 @@ class ResidentRows:
         self.optimizer = GaussianAdam(GaussianModel.PARAMETERS, batch_size, backend)
         self.taken: WorkingSet | None = None  # gathered rows whose gradients ``step`` takes
         self.zero_grads: dict[str, Tensor] = {}  # by group, zero between steps
+        self.spares: list[Tensor] = []  # the last whole-model step's gradients, stepped
 
     def working_set(self, cameras: list[Camera]) -> WorkingSet:
         model = self.row_set.model
@@ -169,10 +175,17 @@ class ResidentRows:
             param = params[name]
             param.grad = grad if param.grad is None else param.grad + grad
 
+    def spare_gradients(self) -> list[Tensor]:
+        spares, self.spares = self.spares, []
+        return spares
+
     def step(self, learning_rates: dict[str, float]) -> None:
         taken, self.taken = self.taken, None
         if taken is None:
+            grads = [p.grad for p in self.row_set.params.values() if p.grad is not None]
             self.optimizer.step(self.row_set, learning_rates, self.row_set.take_edited())
+            # The CPU's are mapped afresh each step, else; a GPU's allocator keeps memory.
+            self.spares = grads if self.device.type == "cpu" else []
             return
         lent = self._lend_gradients(taken)
         try:
@@ -204,6 +217,7 @@ class ResidentRows:
         that are gone: no group is stepped with them."""
         if replaced:
             self.taken = None
+            self.spares = []
 
     def state_dict(self) -> EngineState:
         return rows_state(self)
@@ -211,6 +225,7 @@ class ResidentRows:
     def load_state_dict(self, state: EngineState) -> None:
         load_rows_state(self, state)
         self.taken = None
+        self.spares = []
 
     def close(self) -> None:
         """Nothing works beside the steps."""

@@ -23,6 +23,7 @@ from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_
                                            FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS)
 from splatscale.backends import Backend, backend_for
 from splatscale.render import projection_kernels, sh_kernels
+from splatscale.render.dense_gradients import zeros_like
 from splatscale.render.sh import sh_to_color
 from splatscale.render.splats import (Splats, camera_centres, camera_offsets, camera_tensors,
                                      fisheye_cameras)
@@ -228,7 +229,7 @@ class _EwaPairs(torch.autograd.Function):
                  for g, shape in ((v_means2d, (pairs, 2)), (v_conics, (pairs, 3)),
                                   (v_depths, (pairs,)),
                                   (v_compensations, (pairs if ctx.antialiased else 0,)))]
-        v_means, v_quats, v_log_scales = (torch.zeros_like(t) for t in (means, quats, log_scales))
+        v_means, v_quats, v_log_scales = (zeros_like(t) for t in (means, quats, log_scales))
         projection_kernels.project_backward(
             means.numpy(), quats.numpy(), log_scales.numpy(), gaussian_ids.numpy(),
             camera_offsets(camera_ids, len(viewmats)).numpy(), viewmats.numpy(), Ks.numpy(),
@@ -267,7 +268,7 @@ class _ShColors(torch.autograd.Function):
     @staticmethod
     def backward(ctx, v_colors):
         means, sh0, shN, gaussian_ids, camera_ids, centres = ctx.saved_tensors
-        grads = [torch.zeros_like(t) for t in (means, sh0, shN)]
+        grads = [zeros_like(t) for t in (means, sh0, shN)]
         sh_kernels.sh_backward(means.numpy(), sh0.numpy(), shN.numpy(), ctx.degree,
                                gaussian_ids.numpy(),
                                camera_offsets(camera_ids, len(centres)).numpy(),

@@ -46,6 +46,7 @@ from splatscale.engine.seen import tell, watch
 from splatscale.model.gaussians import GaussianModel
 from splatscale.backends import Backend, backend_for
 from splatscale.render import RenderOutput, Splats, project, rasterize
+from splatscale.render.dense_gradients import reusing
 from splatscale.step import appearance
 from splatscale.step.loss import psnr_of
 from splatscale.step.selection import Number
@@ -114,7 +115,8 @@ class ManyRanks:
         received_grad, *transform_grads = torch.autograd.grad(loss, [received, *transforms],
                                                               allow_unused=True)
         seconds = self._clock() - began
-        received.backward(received_grad)
+        with reusing(rows.spare_gradients()):
+            received.backward(received_grad)
         rows.gradients_taken(working)
         tell(observer, rows, working, splats)
         reports = torch.zeros(self.world, 3, dtype=torch.float64)

@@ -152,6 +152,10 @@ class OffloadedRows:
             self._send_ahead(self.ahead, working.rows)
         self.pending = Update(working.rows, grads.ready())
 
+    def spare_gradients(self) -> list[Tensor]:
+        """None: the working set's gradients are downloaded to the host, where Adam is."""
+        return []
+
     def gradients(self) -> dict[str, Tensor]:
         update = self.pending
         assert update is not None, "gradients follow gradients_taken"
