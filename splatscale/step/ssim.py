@@ -98,9 +98,13 @@ def _ring_slot(ring, y):
 
 @nb.njit(inline="always")
 def _repeat_slot(ring, slot):
-    """The slot's rows copied to its repeat past the ring's end, where it has one."""
+    """The slot's rows copied to its repeat past the ring's end, where it has one
+    (loops: numba compiles an array assignment far slower)."""
     if slot < WINDOW - 1:
-        ring[:, slot + ring.shape[1] - (WINDOW - 1)] = ring[:, slot]
+        repeat = slot + ring.shape[1] - (WINDOW - 1)
+        for p in range(ring.shape[0]):
+            for x in range(np.uint64(0), np.uint64(ring.shape[2])):
+                ring[p, repeat, x] = ring[p, slot, x]
 
 
 @nb.njit(inline="always")
@@ -119,7 +123,9 @@ def _blurred_products(a, b, y, taps, step, ring):  # pragma: no cover - compiled
     height, length = a.shape
     slot = _ring_slot(ring, y)
     if not 0 <= y < height:
-        ring[:, slot] = 0
+        for p in range(ring.shape[0]):
+            for x in range(np.uint64(0), np.uint64(length)):
+                ring[p, slot, x] = 0
         _repeat_slot(ring, slot)
         return
     products = np.empty((5, length), a.dtype)
