@@ -76,6 +76,10 @@ class Taken:
     def gradients_taken(self, working: WorkingSet) -> None:
         """The gradients stay on the working set's tensors."""
 
+    def spare_gradients(self) -> list:
+        """None: each backward allocates its gradients, as the offloaded rows' does."""
+        return []
+
 
 def local_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, float]:
     engine = make_engine(model.detach(), len(views), torch.zeros(3))

@@ -65,7 +65,8 @@ class Rows(Protocol):
 
     def gradients(self) -> dict[str, Tensor]:
         """Pre: ``gradients_taken``. The step's gradient of every row of the groups that
-        have one, dense: zero for the rows no view saw."""
+        have one, dense: zero for the rows no view saw; the rows' until ``step``,
+        which may write in them after."""
         ...
 
     def spare_gradients(self) -> list[Tensor]:
@@ -81,7 +82,8 @@ class Rows(Protocol):
 
     def add_gradient(self, term: Callable[[dict[str, Tensor]], dict[str, Tensor]]) -> None:
         """Pre: ``gradients_taken``. Add ``term(parameters)``, a gradient of every row
-        (of the groups it names) from their values at this step, to the step's."""
+        (of the groups it names) from their values at this step, to the step's. The
+        tensors ``term`` returns become the rows' (a later step may write in them)."""
         ...
 
     def step(self, learning_rates: dict[str, float]) -> None:
@@ -121,7 +123,8 @@ class ResidentRows:
     step writes, which it zeroes again after), so no step allocates, faults in or
     fills a gradient of the whole model. Otherwise the whole model is rendered
     (and the kept buffers, once made, stay beside its gradient). Either way it is
-    the same step, bit for bit."""
+    the same step, bit for bit. On the CPU a whole-model step's gradients are kept
+    after Adam, for the next backward to write in (``spare_gradients``)."""
 
     def __init__(self, model: GaussianModel, batch_size: int, device: str = "cpu",
                  backend: Backend | None = None) -> None:

@@ -268,13 +268,15 @@ class _ShColors(torch.autograd.Function):
     @staticmethod
     def backward(ctx, v_colors):
         means, sh0, shN, gaussian_ids, camera_ids, centres = ctx.saved_tensors
-        grads = [zeros_like(t) for t in (means, sh0, shN)]
+        # Degree 0 has no direction: its means gradient stays zero, and is dropped.
+        grads = [zeros_like(means) if ctx.degree > 0 else torch.zeros_like(means),
+                 zeros_like(sh0), zeros_like(shN)]
         sh_kernels.sh_backward(means.numpy(), sh0.numpy(), shN.numpy(), ctx.degree,
                                gaussian_ids.numpy(),
                                camera_offsets(camera_ids, len(centres)).numpy(),
                                centres.numpy(), v_colors.contiguous().numpy(),
                                *(g.numpy() for g in grads))
-        v_means = grads[0] if ctx.degree > 0 else None  # degree 0 has no direction
+        v_means = grads[0] if ctx.degree > 0 else None
         return v_means, grads[1], grads[2], None, None, None, None
 
 

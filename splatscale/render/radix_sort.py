@@ -11,8 +11,10 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-DIGIT_BITS = 10
-DIGITS = 1 << DIGIT_BITS
+# (first key bit, bits) of each pass: the 31 bits of a non-negative int32 in three
+# digits, the widest 11 bits (buckets beyond a few thousand scatter slower).
+PASSES = ((0, 10), (10, 10), (20, 11))
+DIGITS = 1 << max(bits for _, bits in PASSES)
 KEY_SHIFT = 32  # the key in a word's high half, its index in the low half
 
 
@@ -36,9 +38,10 @@ def _radix_sort(keys, parts):  # pragma: no cover - compiled
         words[i] = (np.uint64(keys[i]) << np.uint64(KEY_SHIFT)) | np.uint64(i)
     size = (count + parts - 1) // parts
     cursors = np.zeros((parts, DIGITS), np.int64)
-    for shift in range(KEY_SHIFT, KEY_SHIFT + 31, DIGIT_BITS):
-        if _count_digits(words, np.uint64(shift), size, cursors):
-            _scatter(words, spare, np.uint64(shift), size, cursors)
+    for first, bits in PASSES:
+        shift, mask = np.uint64(KEY_SHIFT + first), np.uint64((1 << bits) - 1)
+        if _count_digits(words, shift, mask, size, cursors):
+            _scatter(words, spare, shift, mask, size, cursors)
             words, spare = spare, words
     values, order = np.empty(count, np.int32), np.empty(count, np.int64)
     for i in numba.prange(count):
@@ -48,15 +51,15 @@ def _radix_sort(keys, parts):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True)
-def _count_digits(words, shift, size, cursors):  # pragma: no cover - compiled
-    """cursors[p, d]: where run p's first word of digit d goes; False (and nothing to
-    move) where every word has the same digit."""
+def _count_digits(words, shift, mask, size, cursors):  # pragma: no cover - compiled
+    """cursors[p, d]: where run p's first word of digit d (its bits ``mask`` after
+    ``shift``) goes; False (and nothing to move) where every word has the same digit."""
     parts = cursors.shape[0]
     for part in numba.prange(parts):
         run = cursors[part]
         run[:] = 0
         for i in range(part * size, min(words.shape[0], (part + 1) * size)):
-            run[(words[i] >> shift) & np.uint64(DIGITS - 1)] += 1
+            run[(words[i] >> shift) & mask] += 1
     start = 0
     for digit in range(DIGITS):
         in_digit = 0
@@ -72,10 +75,10 @@ def _count_digits(words, shift, size, cursors):  # pragma: no cover - compiled
 
 
 @numba.njit(parallel=True, cache=True)
-def _scatter(words, out, shift, size, cursors):  # pragma: no cover - compiled
+def _scatter(words, out, shift, mask, size, cursors):  # pragma: no cover - compiled
     for part in numba.prange(cursors.shape[0]):
         run = cursors[part]
         for i in range(part * size, min(words.shape[0], (part + 1) * size)):
-            digit = (words[i] >> shift) & np.uint64(DIGITS - 1)
+            digit = (words[i] >> shift) & mask
             out[run[digit]] = words[i]
             run[digit] += 1

@@ -89,7 +89,7 @@ def _blur_down(ring, y, taps, out):  # pragma: no cover - compiled
 
 
 @nb.njit(inline="always")
-def _ring_slot(ring, y):
+def _ring_slot(ring, y):  # pragma: no cover - compiled
     """Where row y is in a ring of rows: slot y % slots, where slots is the ring's
     rows short of the last WINDOW - 1, which repeat its first (``_repeat_slot``), so
     that every window of rows lies in consecutive slots."""
@@ -97,9 +97,9 @@ def _ring_slot(ring, y):
 
 
 @nb.njit(inline="always")
-def _repeat_slot(ring, slot):
+def _repeat_slot(ring, slot):  # pragma: no cover - compiled
     """The slot's rows copied to its repeat past the ring's end, where it has one
-    (loops: numba compiles an array assignment far slower)."""
+    (in loops: an array assignment took numba seconds longer to compile)."""
     if slot < WINDOW - 1:
         repeat = slot + ring.shape[1] - (WINDOW - 1)
         for p in range(ring.shape[0]):
@@ -192,11 +192,14 @@ def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n, weights,
     faulted in on every call.
     """
     height, length = a.shape
+    row0, row1 = max(row0, 0), min(row1, height)  # the pad rows are no image's
     slots = BAND + 2 * RADIUS + WINDOW - 1
     across = np.empty((5, slots, length), a.dtype)
     partials_across = np.empty((3, slots, length), a.dtype)
     row_sums = np.zeros(height, a.dtype)
-    for front in range(BAND - RADIUS, height + 3 * RADIUS + BAND, BAND):
+    # The first front's products start at the top pad row; the last front's gradient
+    # rows reach the image's last.
+    for front in range(BAND - RADIUS, height + 2 * RADIUS + BAND, BAND):
         # Blurred products of rows [front - BAND, front), from row -RADIUS (a zero pad).
         for y in nb.prange(front - BAND, min(front, height + RADIUS)):
             _blurred_products(a, b, y, taps, step, across)
