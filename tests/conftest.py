@@ -3,6 +3,7 @@ what a process or a page does."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import subprocess
 import time
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from splatscale.backends import Backend, backend_named
 from splatscale.data.cameras import Camera
 from splatscale.engine import TrainView
 from splatscale.model.gaussians import SH_REST, GaussianModel
@@ -98,6 +100,12 @@ def orbit_cameras(count: int, width: int, height: int, radius: float = 4.0,
 TRAIN_RATES = {"means": 2e-3, "quats": 1e-3, "log_scales": 5e-3, "opacity_logits": 0.05,
                "sh0": 2.5e-3, "shN": 1.25e-4}
 TRAIN_STEPS = 12
+
+
+def every_row_backend() -> Backend:
+    """The CPU backend as a device that renders and steps the whole model (no rows
+    gathered, whatever a batch sees)."""
+    return dataclasses.replace(backend_named("cpu"), gathers_seen_rows=False)
 
 
 def densifying_scene(dtype=torch.float64) -> tuple[list[TrainView], GaussianModel]:

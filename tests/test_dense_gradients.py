@@ -4,15 +4,14 @@ every row mapped afresh each step."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import pytest
 import torch
 
-from splatscale.backends import backend_named
 from splatscale.engine.factory import make_engine
 from splatscale.render.dense_gradients import reusing, zeros_like
-from tests.conftest import TRAIN_RATES, densifying_run, densifying_scene, state_by_key
+from tests.conftest import (TRAIN_RATES, densifying_run, densifying_scene,
+                            every_row_backend, state_by_key)
 
 
 def test_zeros_like_takes_a_fitting_spare_zeroed_and_only_one():
@@ -28,11 +27,6 @@ def test_zeros_like_takes_a_fitting_spare_zeroed_and_only_one():
     assert fresh.data_ptr() not in [t.data_ptr() for t in [fitting, *others]]
     assert not fresh.any() and fresh.is_contiguous()
     assert not zeros_like(torch.empty(5, 3)).any()  # outside: torch's
-
-
-def every_row_backend():
-    """The CPU backend rendering and stepping the whole model (no gathered rows)."""
-    return dataclasses.replace(backend_named("cpu"), gathers_seen_rows=False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

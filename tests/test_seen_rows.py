@@ -3,19 +3,17 @@ the engine that renders and steps every row, bit for bit (engine/rows.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
 import torch
 
-from splatscale.backends import backend_named
 from splatscale.engine.factory import make_engine
 from splatscale.engine.rows import GATHER_SHARE
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render.projection import visibility
-from tests.conftest import (densifying_run, densifying_scene, mcmc_run, random_model,
-                            state_by_key)
+from tests.conftest import (densifying_run, densifying_scene, every_row_backend, mcmc_run,
+                            random_model, state_by_key)
 
 RUNS = {"densifying": densifying_run, "mcmc": mcmc_run}
 
@@ -34,11 +32,6 @@ def partly_seen_scene(dtype=torch.float64):
     joined = {name: torch.cat([tensor.detach(), getattr(above, name), getattr(ring, name)])
               for name, tensor in model.parameters().items()}
     return views, GaussianModel(**joined, sh_degree=model.sh_degree)
-
-
-def every_row_backend():
-    """The CPU backend as a device that renders and steps the whole model."""
-    return dataclasses.replace(backend_named("cpu"), gathers_seen_rows=False)
 
 
 @pytest.mark.parametrize("run", RUNS)
