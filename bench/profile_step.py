@@ -36,6 +36,7 @@ from splatscale.model import init_from_points
 from splatscale.model.ply import read_ply
 from splatscale.render import project
 from splatscale.render.binning import bin_tiles
+from splatscale.render.dense_gradients import reusing
 from splatscale.render.rasterize import composite
 from splatscale.step.loss import photometric_loss
 from splatscale.step.observer import Seen, SeenView
@@ -94,8 +95,9 @@ def staged_step(engine: ComposedEngine, store: ImageStore, index: int, stages: S
                        lambda: torch.autograd.grad(rgb, inputs, rgb_grad, allow_unused=True,
                                                    retain_graph=True))
     used = [(t, g) for t, g in zip(inputs, grads) if g is not None]
-    stages.run("projection_backward",
-               lambda: torch.autograd.backward([t for t, _ in used], [g for _, g in used]))
+    with reusing(engine.rows.spare_gradients()):  # as the engine's backward does
+        stages.run("projection_backward",
+                   lambda: torch.autograd.backward([t for t, _ in used], [g for _, g in used]))
     seen = Seen([SeenView(splats.gaussian_ids, splats.means2d.grad, None, camera.width,
                           camera.height)])
     stages.run("statistics", lambda: GradientNorms().observe(engine.row_set, seen))
