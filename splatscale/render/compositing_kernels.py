@@ -202,10 +202,11 @@ def _blend_splat(k, packed, local_k, px, py, T, live, last, acc, lo, hi):
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
 def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1, out_rgb,
-            out_depth, out_T, out_last):
+            out_depth, out_T, out_last, out_blocks):
     """Composite each tile front to back; keep final T and the last splat per pixel.
 
-    ``out_depth`` gets the alpha-weighted depth sum (no background).
+    ``out_depth`` gets the alpha-weighted depth sum (no background); ``out_blocks[k]``
+    and packed row k's BLOCKS_REACHED the blocks where intersection k changed a pixel.
     """
     zero, one, _, _, _, _ = _constants(packed.dtype)
     dtype = packed.dtype
@@ -242,6 +243,7 @@ def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, 
             # The backward walks only these: in the others the splat changed no pixel,
             # so it has no gradient there.
             packed[k, BLOCKS_REACHED] = changed
+            out_blocks[k] = changed
         for p in range(PIXELS):
             x, y = _tile_xy(p)
             x, y = tile_x * TILE + x, tile_y * TILE + y

@@ -16,6 +16,7 @@ from torch import Tensor
 from splatscale.backends import Backend, backend_for
 from splatscale.render import compositing_kernels
 from splatscale.render.binning import TileBins, bin_tiles
+from splatscale.render.buffer_pool import INTERSECTION_ROWS
 from splatscale.render.splats import Splats
 
 DEPTH_EPS = 1e-10
@@ -54,29 +55,30 @@ def balanced_tile_order(work: np.ndarray, n_threads: int) -> np.ndarray:
 
 def _kernel_inputs(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
                    opacities: Tensor, background: Tensor, bins: TileBins, width: int,
-                   rows: tuple[int, int]) -> list:
-    """The arguments the forward and backward kernels share, in their order: first the
-    splats packed by intersection (``compositing_kernels.pack``)."""
+                   rows: tuple[int, int]) -> tuple[Tensor, list]:
+    """The packed splats (``compositing_kernels.pack``, lent by ``INTERSECTION_ROWS``)
+    and the arguments the forward and backward kernels share, in their order: first
+    those splats."""
     splat_ids, offsets = _numpy(bins.splat_ids), _numpy(bins.offsets)
-    # From torch, not numpy, so that torch's profiler counts it (bench/memory.py).
-    packed = torch.empty((len(splat_ids), compositing_kernels.PACKED_WIDTH), dtype=opacities.dtype)
     tile_order = balanced_tile_order(np.diff(offsets), numba.get_num_threads())
-    compositing_kernels.pack(splat_ids, _numpy(bins.blocks), offsets, tile_order, _numpy(means2d),
-                     _numpy(conics), _numpy(opacities), _numpy(colors), _numpy(depths),
-                     packed.numpy())
-    return [packed.numpy(), _numpy(background), offsets, tile_order, bins.tiles_x,
-            bins.tile_row0, width, rows[0], rows[1]]
+    packed = _pack(_numpy(bins.blocks), splat_ids, offsets, tile_order, means2d, conics, colors,
+                   depths, opacities)
+    return packed, [packed.numpy(), _numpy(background), offsets, tile_order, bins.tiles_x,
+                    bins.tile_row0, width, rows[0], rows[1]]
 
 
-def _repack(packed: np.ndarray, splat_ids: np.ndarray, offsets: np.ndarray,
-            tile_order: np.ndarray, means2d: Tensor, conics: Tensor, colors: Tensor,
-            depths: Tensor, opacities: Tensor) -> None:
-    """The splats' values packed again over gradient rows, each row's block mask (the
-    forward's narrowing) kept."""
-    blocks = packed[:, compositing_kernels.BLOCKS_REACHED].astype(np.uint8)
+def _pack(blocks: np.ndarray, splat_ids: np.ndarray, offsets: np.ndarray,
+          tile_order: np.ndarray, means2d: Tensor, conics: Tensor, colors: Tensor,
+          depths: Tensor, opacities: Tensor) -> Tensor:
+    """The splats packed by intersection into a buffer of ``INTERSECTION_ROWS``, with
+    each intersection's block mask ``blocks``."""
+    # From torch, not numpy, so that torch's profiler counts it (bench/memory.py).
+    packed = INTERSECTION_ROWS.lend(len(splat_ids), compositing_kernels.PACKED_WIDTH,
+                                    opacities.dtype)
     compositing_kernels.pack(splat_ids, blocks, offsets, tile_order, _numpy(means2d),
                              _numpy(conics), _numpy(opacities), _numpy(colors), _numpy(depths),
-                             packed)
+                             packed.numpy())
+    return packed
 
 
 class _Composite(torch.autograd.Function):
@@ -85,26 +87,34 @@ class _Composite(torch.autograd.Function):
     ``absgrad`` (or None) takes no part in the image: the gradient its backward
     returns is, per splat, the sum over the band's pixels of the absolute per-pixel
     gradient of ``means2d`` (x and y apart), computed only when it requires grad.
+    The packed splats go back to ``INTERSECTION_ROWS`` after the forward when no
+    backward will follow (``backward_follows`` False), else after the backward.
     """
 
     @staticmethod
     def forward(ctx, means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
                 opacities: Tensor, background: Tensor, absgrad: Tensor | None, bins: TileBins,
-                width: int, rows: tuple[int, int]):
+                width: int, rows: tuple[int, int], backward_follows: bool):
         dtype, height = means2d.dtype, rows[1] - rows[0]
         rgb = torch.empty((height, width, 3), dtype=dtype)
         depth_sum = torch.empty((height, width), dtype=dtype)
         final_T = torch.empty((height, width), dtype=dtype)
         last = torch.empty((height, width), dtype=torch.int32)
-        inputs = _kernel_inputs(means2d, conics, colors, depths, opacities, background, bins,
-                                width, rows)
+        narrowed = np.zeros(len(bins.splat_ids), np.uint8)
+        packed, inputs = _kernel_inputs(means2d, conics, colors, depths, opacities, background,
+                                        bins, width, rows)
         compositing_kernels.forward(*inputs, rgb.numpy(), depth_sum.numpy(), final_T.numpy(),
-                            last.numpy())
-        # The backward kernel takes the same inputs (the packed splats are a copy, whose
-        # block masks the forward narrowed to the blocks each splat changed).
+                                    last.numpy(), narrowed)
+        if not backward_follows:
+            INTERSECTION_ROWS.give_back(packed)
+            return rgb, depth_sum, 1.0 - final_T
+        # The backward kernel takes the same inputs: the packed splats, whose block masks
+        # the forward narrowed to the blocks each splat changed (``narrowed`` keeps them
+        # for a second backward through a graph kept for it).
         ctx.save_for_backward(means2d, conics, colors, depths, opacities, background, final_T,
                               last)
-        ctx.inputs, ctx.splat_ids, ctx.rows_written = inputs, bins.splat_ids, False
+        ctx.packed, ctx.inputs, ctx.narrowed = packed, inputs, narrowed
+        ctx.splat_ids = bins.splat_ids
         return rgb, depth_sum, 1.0 - final_T
 
     @staticmethod
@@ -114,25 +124,27 @@ class _Composite(torch.autograd.Function):
         k = compositing_kernels
         absgrad = ctx.needs_input_grad[6]
         width = k.ABSGRAD_WIDTH if absgrad else k.GRAD_WIDTH
-        splat_ids, packed = _numpy(ctx.splat_ids), ctx.inputs[0]
-        if ctx.rows_written:  # a graph kept for a second backward: the splats packed again
+        splat_ids = _numpy(ctx.splat_ids)
+        if ctx.packed is None:  # a second backward: the splats packed again
             offsets, tile_order = ctx.inputs[2], ctx.inputs[3]
-            _repack(packed, splat_ids, offsets, tile_order, means2d, conics, colors, depths,
-                    opacities)
+            ctx.packed = _pack(ctx.narrowed, splat_ids, offsets, tile_order, means2d, conics,
+                               colors, depths, opacities)
+            ctx.inputs[0] = ctx.packed.numpy()
         kernel = k.backward_with_absgrad if absgrad else k.backward
         # Each intersection's gradient row is written over its packed splat: no buffer of
         # every intersection is mapped, faulted in and freed again.
         kernel(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb), _numpy(v_depth_sum),
-               _numpy(v_alpha), packed)
-        ctx.rows_written = True
+               _numpy(v_alpha), ctx.inputs[0])
         # From torch, not numpy, so that torch's profiler counts it (bench/memory.py).
         grads = torch.zeros((means2d.shape[0], width), dtype=means2d.dtype)
-        k.sum_per_splat(splat_ids, packed, grads.numpy(), numba.get_num_threads())
+        k.sum_per_splat(splat_ids, ctx.inputs[0], grads.numpy(), numba.get_num_threads())
+        packed, ctx.packed, ctx.inputs[0] = ctx.packed, None, None
+        INTERSECTION_ROWS.give_back(packed)
         v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
         v_absgrad = grads[:, k.GRAD_ABS_MEAN:k.GRAD_ABS_MEAN + 2] if absgrad else None
         return (grads[:, k.GRAD_MEAN:k.GRAD_MEAN + 2], grads[:, k.GRAD_CONIC:k.GRAD_CONIC + 3],
                 grads[:, k.GRAD_COLOR:k.GRAD_COLOR + 3], grads[:, k.GRAD_DEPTH],
-                grads[:, k.GRAD_OPACITY], v_background, v_absgrad, None, None, None)
+                grads[:, k.GRAD_OPACITY], v_background, v_absgrad, None, None, None, None)
 
 
 def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
@@ -145,8 +157,10 @@ def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
     [h, W] and alpha [h, W]. ``absgrad`` [M, 2], when given, gets as its gradient
     each splat's absolute per-pixel ``means2d`` gradients summed over the band.
     """
-    return _Composite.apply(means2d, conics, colors, depths, opacities, background, absgrad,
-                            bins, width, rows)
+    inputs = (means2d, conics, colors, depths, opacities, background, absgrad)
+    backward_follows = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in inputs)
+    return _Composite.apply(*inputs, bins, width, rows, backward_follows)
 
 
 def composite_cpu(splats: Splats, background: Tensor, width: int,
