@@ -39,6 +39,7 @@ from splatscale.engine import TrainView
 from splatscale.engine.factory import OffloadOptions, make_engine
 from splatscale.engine.rows import WorkingSet
 from splatscale.model.gaussians import GaussianModel
+from splatscale.render.buffer_pool import INTERSECTION_ROWS
 from splatscale.render.projection import visibility
 from splatscale.strategy.default import GradientNorms
 
@@ -52,7 +53,9 @@ def rates(extent: float = 1.0) -> dict[str, float]:
 
 
 def allocated_peak(step) -> int:
-    """The largest number of bytes ``step()`` has allocated and not yet freed."""
+    """The largest number of bytes ``step()`` has allocated and not yet freed. The
+    buffers kept between renders are freed first: the step allocates its own."""
+    INTERSECTION_ROWS.clear()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
     with tempfile.TemporaryDirectory() as folder:
@@ -87,14 +90,16 @@ def local_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, floa
     engine.optimizer_step(rates())
     # The parameters, keys, both Adam moments and the densification statistics.
     kept = sum(t.nbytes for t in engine.row_set.tensors().values())
-    # Allocated by the step, counted in its peak.
+    # Kept after each step's Adam for the next backward (on the CPU), else allocated by
+    # the step and counted in its peak.
     gradients = sum(t.nbytes for t in engine.model.parameters().values())
+    spares = sum(t.nbytes for t in engine.rows.spares)
 
     def step() -> None:
         engine.forward_backward(views, GradientNorms())
         engine.optimizer_step(rates())
     return {"device_bytes_per_gaussian": (kept + gradients) / len(model),
-            "peak_bytes": kept + allocated_peak(step)}
+            "peak_bytes": kept + spares + allocated_peak(step)}
 
 
 def offload_memory(model: GaussianModel, views: list[TrainView]) -> dict[str, float]:
