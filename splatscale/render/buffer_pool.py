@@ -26,10 +26,11 @@ HEADROOM = 1.25
 
 
 class BufferPool:
-    """Up to ``kept`` buffers given back, each lent again to a request it fits."""
+    """Up to ``kept`` buffers given back, each lent again to a request it fits; a new
+    buffer ``headroom`` times the size asked for."""
 
-    def __init__(self, kept: int = 4) -> None:
-        self.kept = kept
+    def __init__(self, kept: int = 4, headroom: float = HEADROOM) -> None:
+        self.kept, self.headroom = kept, headroom
         self._free: list[Tensor] = []  # flat, each its storage's whole length
         self._lock = threading.Lock()  # the viewer renders beside training
 
@@ -46,7 +47,7 @@ class BufferPool:
                 buffer = min(fitting, key=Tensor.numel)
                 self._drop(buffer)
             else:
-                buffer = torch.empty(int(count * HEADROOM), dtype=dtype)
+                buffer = torch.empty(int(count * self.headroom), dtype=dtype)
                 # Outgrown: the largest that no longer fits (the one this request had).
                 smaller = [b for b in self._free if b.dtype == dtype]
                 if smaller:
