@@ -2,9 +2,10 @@
 
 import math
 
+import numpy as np
 import torch
 
-from splatscale.render.binning import TILE_SIZE, bin_tiles
+from splatscale.render.binning import TILE_SIZE, _by_key, _first_at_least, bin_tiles
 
 
 def test_bins_hold_each_tile_splats_nearest_first():
@@ -46,3 +47,21 @@ def test_equal_depths_are_ordered_by_key_not_storage():
     again = bin_tiles(means2d[permuted], radii[permuted], depths[permuted], keys[permuted], 16,
                       (0, 16))
     assert keys[permuted][again.splat_ids].tolist() == keys[bins.splat_ids].tolist()
+
+
+def test_runs_of_equal_depths_sort_stably_by_key():
+    """Runs of every length up to 40 and one of 5,000, duplicate keys among them: the
+    order numpy's stable sort by key gives."""
+    g = np.random.default_rng(0)
+    for count in [*range(1, 41), 5000]:
+        run = g.permutation(10 * count)[:count]
+        keys = g.integers(0, max(2, count // 3), size=10 * count)
+        want = run[np.argsort(keys[run], kind="stable")]
+        assert np.array_equal(_by_key(run, keys), want), count
+
+
+def test_the_first_index_at_least_a_value_is_numpys_searchsorted():
+    ascending = np.array([0, 0, 3, 3, 3, 7, 12], np.int64)
+    for value in [-1.0, 0.0, 0.5, 3.0, 3.2, 7.0, 11.9, 12.0, 12.5]:
+        assert _first_at_least(ascending, value) == np.searchsorted(ascending, value), value
+    assert _first_at_least(np.empty(0, np.int64), 1.0) == 0

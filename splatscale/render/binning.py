@@ -136,9 +136,33 @@ def _order_ties_by_key(sorted_bits, keys, order):  # pragma: no cover - compiled
     for i in range(1, order.shape[0] + 1):
         if i == order.shape[0] or sorted_bits[i] != sorted_bits[start]:
             if i - start > 1:
-                run = order[start:i].copy()
-                order[start:i] = run[np.argsort(keys[run], kind="mergesort")]
+                run = _by_key(order[start:i], keys)
+                for j in range(i - start):  # a loop: a slice assignment compiles seconds longer
+                    order[start + j] = run[j]
             start = i
+
+
+@numba.njit(cache=True)
+def _by_key(run, keys):  # pragma: no cover - compiled
+    """``run`` (splat ids) sorted stably by their ``keys``: a bottom-up merge sort,
+    written out (numba's own stable argsort took seconds more to compile)."""
+    count = run.shape[0]
+    source, target = run.copy(), np.empty_like(run)
+    width = 1
+    while width < count:
+        for lo in range(0, count, 2 * width):
+            mid, hi = min(lo + width, count), min(lo + 2 * width, count)
+            i, j = lo, mid
+            for out in range(lo, hi):
+                if i < mid and (j >= hi or keys[source[i]] <= keys[source[j]]):
+                    target[out] = source[i]
+                    i += 1
+                else:
+                    target[out] = source[j]
+                    j += 1
+        source, target = target, source
+        width *= 2
+    return source
 
 
 @numba.njit(inline="always")
@@ -276,6 +300,20 @@ def _place_splats(lo, hi, order, boxes, row_starts, spans, block_spans, tiles_x,
                 cursor[row + tx] += 1
 
 
+@numba.njit(cache=True)
+def _first_at_least(ascending, value):  # pragma: no cover - compiled
+    """The first index of ``ascending`` whose element is at least ``value`` (its length
+    if none is): numpy's searchsorted, side left."""
+    lo, hi = 0, ascending.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ascending[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 @numba.njit(parallel=True, cache=True)
 def _fill_tiles(order, boxes, row_starts, spans, block_spans, tiles_x, tile_row0, n_tiles,
                 parts):  # pragma: no cover - compiled
@@ -287,19 +325,26 @@ def _fill_tiles(order, boxes, row_starts, spans, block_spans, tiles_x, tile_row0
     ``parts`` consecutive runs of splats (of about equal rows) are counted and placed
     in parallel, each tile taking the runs in order: the result is the sequential
     sort's whatever their number."""
+    # Loops, not numpy's searchsorted, cumsum and slice assignments: the same numbers,
+    # compiled seconds sooner.
     count = order.shape[0]
-    bounds = np.searchsorted(row_starts, np.arange(parts + 1) * (row_starts[-1] / parts))
+    bounds = np.empty(parts + 1, np.int64)
+    for part in range(parts + 1):
+        bounds[part] = _first_at_least(row_starts, part * (row_starts[-1] / parts))
     bounds[0], bounds[parts] = 0, count
     counts = np.zeros((parts, n_tiles), np.int64)
     for part in numba.prange(parts):
         _count_tiles(bounds[part], bounds[part + 1], boxes, row_starts, spans, tiles_x,
                      tile_row0, counts[part])
-    offsets = np.zeros(n_tiles + 1, np.int64)
-    offsets[1:] = np.cumsum(counts.sum(axis=0))
+    offsets = np.empty(n_tiles + 1, np.int64)
     cursors = np.empty((parts, n_tiles), np.int64)
-    cursors[0] = offsets[:-1]
-    for part in range(1, parts):
-        cursors[part] = cursors[part - 1] + counts[part - 1]
+    offsets[0] = 0
+    for t in range(n_tiles):
+        cursor = offsets[t]
+        for part in range(parts):
+            cursors[part, t] = cursor
+            cursor += counts[part, t]
+        offsets[t + 1] = cursor
     splat_ids = np.empty(offsets[-1], np.int64)
     blocks = np.empty(offsets[-1], np.uint8)
     for part in numba.prange(parts):
