@@ -108,8 +108,8 @@ def compiled():
             if name.startswith("splatscale") for attr, value in vars(module).items()
             if isinstance(value, Dispatcher) for sig in value.signatures}
 
-cpu_compile.geometry_half()
-cpu_compile.pixels_half()
+for part in cpu_compile.PARTS.values():
+    part()
 before = compiled()
 main(["train", sys.argv[2], "--iterations", "3", "--resolution", "8", "--quiet",
       "--output", sys.argv[1]])
@@ -117,8 +117,8 @@ print(sorted(compiled() - before))
 """
 
 
-def test_the_compile_halves_compile_what_a_training_step_calls(tmp_path):
-    """A first run compiles its kernels in two processes: what they compile is every
+def test_the_compile_parts_compile_what_a_training_step_calls(tmp_path):
+    """A first run compiles its kernels in three processes: what they compile is every
     specialisation a default training step calls, so the run itself compiles none."""
     done = subprocess.run([sys.executable, "-c", COMPILED_BY_A_RUN, str(tmp_path / "run"),
                            str(data_path("snowmiku"))],
@@ -127,9 +127,9 @@ def test_the_compile_halves_compile_what_a_training_step_calls(tmp_path):
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_a_cold_cache_is_filled_by_both_processes(tmp_path):
-    """``compile_kernels`` on an empty cache: the child's half (the projection backward
-    among the largest kernels) reaches the cache as this process' half does."""
+def test_a_cold_cache_is_filled_by_every_process(tmp_path):
+    """``compile_kernels`` on an empty cache: a child's part (the projection backward
+    among the largest kernels) reaches the cache as this process' part does."""
     fill = ("from splatscale.backends.cpu_compile import compile_kernels, kernels_cached; "
             "print(kernels_cached()); compile_kernels(); print(kernels_cached())")
     done = subprocess.run([sys.executable, "-c", fill], capture_output=True, text=True,

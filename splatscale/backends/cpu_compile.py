@@ -1,15 +1,18 @@
 """The CPU kernels in numba's on-disk cache: whether a run will compile them, and
-compiling them in two processes at once before its first step.
+compiling them in three processes at once before its first step.
 
 numba compiles a kernel the first time it is called with new argument types, one
 kernel at a time in a process, and keeps it on disk (``cache=True``) for later
-runs. ``compile_kernels`` splits a first run's compile in two halves, each driven
+runs. ``compile_kernels`` splits a first run's compile in three parts, each driven
 by a tiny synthetic step of its stages through the very calls training makes (so
-the argument types, and so the specialisations cached, are training's own):
-the geometry (visibility, projection, SH), the loss and Adam in a child process,
-the pixels (binning, compositing) in this one. The child's kernels reach this
-process through the cache; one it could not compile is compiled here when first
-called, as without it: nothing depends on the child.
+the argument types, and so the specialisations cached, are training's own): the
+geometry (visibility, projection, SH) and the loss with Adam, each in a child
+process, and the pixels (binning, compositing) in this one. Three parts of about
+equal compile time, not two, on two cores: the operating system shares the cores
+among them, so the last ends near half the whole, where two halves of unequal size
+wait on the larger. A child's kernels reach this process through the cache; one a
+child could not compile is compiled here when first called, as without it:
+nothing depends on the children.
 """
 
 from __future__ import annotations
@@ -46,24 +49,28 @@ def kernels_cached() -> bool:
 
 def compile_kernels() -> None:
     """Every kernel of a default training step compiled (or loaded from the cache):
-    the geometry's half in a child process while this one compiles the pixels', then
-    the child awaited. Where the child cannot start or fails, the run compiles what
-    it lacks itself; interrupted, the child is ended with it."""
-    package_root = Path(__file__).resolve().parents[2]  # the child imports this splatscale
+    the geometry's and the loss's parts in child processes while this one compiles
+    the pixels', then the children awaited. Where a child cannot start or fails, the
+    run compiles what it lacks itself; interrupted, the children are ended with it."""
+    package_root = Path(__file__).resolve().parents[2]  # a child imports this splatscale
+    children = []
     try:
-        child = subprocess.Popen([sys.executable, "-m", __name__, "geometry"],
-                                 cwd=package_root, stdin=subprocess.DEVNULL,
-                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except OSError:
-        child = None
-    try:
-        pixels_half()
-        if child is not None:
+        for part in CHILD_PARTS:
+            try:
+                children.append(subprocess.Popen(
+                    [sys.executable, "-m", __name__, part], cwd=package_root,
+                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL))
+            except OSError:
+                pass
+        pixels_part()
+        for child in children:
             child.wait()
     finally:
-        if child is not None and child.poll() is None:
-            child.kill()
-            child.wait()
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
 
 
 def _camera() -> Camera:
@@ -71,9 +78,9 @@ def _camera() -> Camera:
     return Camera(torch.eye(4), K, WIDTH, HEIGHT, "compile")
 
 
-def geometry_half() -> None:
-    """A step's visibility test, projection and SH (forward and backward), its loss
-    (L1, SSIM, squared error) and an Adam step, on float32 tensors."""
+def geometry_part() -> None:
+    """A step's visibility test, projection and SH, forward and backward, on float32
+    Gaussians."""
     generator = torch.Generator().manual_seed(0)
     model = GaussianModel(
         torch.rand(COUNT, 3, generator=generator) - 0.5 + torch.tensor([0.0, 0.0, 3.0]),
@@ -83,16 +90,22 @@ def geometry_half() -> None:
     splats = project(model, [_camera()])
     outputs = (splats.means2d, splats.conics, splats.colors, splats.depths, splats.opacities)
     torch.autograd.backward([t.sum() for t in outputs])
+
+
+def loss_part() -> None:
+    """A step's loss (L1, SSIM, squared error), forward and backward, and an Adam step,
+    on float32 tensors."""
+    generator = torch.Generator().manual_seed(0)
     rgb = torch.rand(HEIGHT, WIDTH, 3, generator=generator, requires_grad=True)
     target = torch.rand(HEIGHT, WIDTH, 3, generator=generator)
     loss, _ = band_loss(rgb, target, (0, HEIGHT), masked_in_values(target), 0.2)
     loss.backward()
-    param = model.means.detach().view(-1)
+    param = rgb.detach().view(-1)
     BACKEND.adam_step(param, torch.zeros_like(param), torch.zeros_like(param),
                       torch.ones_like(param), -1e-3, 0.5, 0.9, 0.999, 1e-15)
 
 
-def pixels_half() -> None:
+def pixels_part() -> None:
     """A step's tile binning and compositing, forward and backward, on float32 splats."""
     generator = torch.Generator().manual_seed(0)
     leaves = [torch.rand(COUNT, 2, generator=generator) * torch.tensor([WIDTH, HEIGHT]),
@@ -108,5 +121,8 @@ def pixels_half() -> None:
     (out.rgb.sum() + out.alpha.sum() + out.depth.sum()).backward()
 
 
+PARTS = {"geometry": geometry_part, "loss": loss_part, "pixels": pixels_part}
+CHILD_PARTS = ("geometry", "loss")  # the pixels' part runs in the process that trains
+
 if __name__ == "__main__":
-    {"geometry": geometry_half, "pixels": pixels_half}[sys.argv[1]]()
+    PARTS[sys.argv[1]]()
