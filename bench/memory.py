@@ -19,8 +19,9 @@ engine:
   activations, saved tensors and gradients included). The CPU's own caches
   count as a device's allocator would see them: the gradients kept from step to
   step as held throughout, the packed splats from their allocation until their
-  render is done with them. On a CPU the device is
-  host memory, so the offload engine's host-side work (the culling bound, the
+  render is done with them (a CPU run also keeps them for the next render:
+  ``render/buffer_pool.py``; ``growth.py``'s peak resident memory counts that).
+  On a CPU the device is host memory, so the offload engine's host-side work (the culling bound, the
   forwarded values, the host Adam) is left out of its device count: those
   tensors live in host memory on a GPU machine. ``offload_peak_bytes_looking_ahead``
   adds what lookahead (on by default on a GPU) keeps beside the backward pass:

@@ -36,6 +36,8 @@ def test_a_buffer_is_lent_again_only_once_given_back():
     pool.give_back(second)
     with pytest.raises(ValueError, match="twice"):
         pool.give_back(second)
+    with pytest.raises(ValueError, match="not lent"):
+        pool.give_back(torch.empty(ROWS, 16))
 
 
 def test_the_smallest_fitting_buffer_of_its_dtype_is_lent():
@@ -129,3 +131,24 @@ def test_a_render_gives_its_buffer_back_when_done_with_it(monkeypatch, grad):
     if grad:
         image.sum().backward()
         assert pool.held_bytes() > 0
+
+
+def test_a_backward_retried_after_it_raised_packs_the_splats_again(monkeypatch):
+    """The backward writes its gradient rows over the packed splats, then sums them:
+    where the sum raises, a second backward through the kept graph packs them again."""
+    kernels = importlib.import_module("splatscale.render.compositing_kernels")
+    model, camera = mixed_scene(2)
+    model.requires_grad_(True)
+    image = rasterize(project(model, [camera]).of_camera(0), camera.width, camera.height).rgb
+    want = torch.autograd.grad(image.sum(), list(model.parameters().values()),
+                               retain_graph=True)
+    sum_per_splat = kernels.sum_per_splat
+
+    def fails_once(*args):
+        monkeypatch.setattr(kernels, "sum_per_splat", sum_per_splat)
+        raise MemoryError("the sum's buffer")
+    monkeypatch.setattr(kernels, "sum_per_splat", fails_once)
+    with pytest.raises(MemoryError):
+        torch.autograd.grad(image.sum(), list(model.parameters().values()), retain_graph=True)
+    got = torch.autograd.grad(image.sum(), list(model.parameters().values()))
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

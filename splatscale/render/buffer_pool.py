@@ -32,6 +32,9 @@ class BufferPool:
     def __init__(self, kept: int = 4, headroom: float = HEADROOM) -> None:
         self.kept, self.headroom = kept, headroom
         self._free: list[Tensor] = []  # flat, each its storage's whole length
+        # The addresses of the buffers lent (one never given back stays: a few integers,
+        # as freed memory is mapped again at the same addresses).
+        self._lent: set[int] = set()
         self._lock = threading.Lock()  # the viewer renders beside training
 
     def lend(self, rows: int, width: int, dtype: torch.dtype) -> Tensor:
@@ -39,7 +42,7 @@ class BufferPool:
         smallest buffer given back that fits it, else a new one. One below glibc's
         mapping threshold is always new (glibc keeps such memory itself)."""
         count = rows * width
-        if count * dtype.itemsize < MMAP_THRESHOLD:
+        if count == 0 or count * dtype.itemsize < MMAP_THRESHOLD:
             return torch.empty((rows, width), dtype=dtype)
         with self._lock:
             fitting = [b for b in self._free if b.dtype == dtype and b.numel() >= count]
@@ -52,18 +55,20 @@ class BufferPool:
                 smaller = [b for b in self._free if b.dtype == dtype]
                 if smaller:
                     self._drop(max(smaller, key=Tensor.numel))
+            self._lent.add(buffer.data_ptr())
         return buffer[:count].view(rows, width)
 
     def give_back(self, lent: Tensor) -> None:
         """``lent`` (from ``lend``) for later requests. Pre: nothing reads or writes it
         or a view of it any more. The smallest buffer goes where more than ``kept``
         would be held."""
-        if _nbytes(lent) < MMAP_THRESHOLD:
+        if lent.numel() == 0 or _nbytes(lent) < MMAP_THRESHOLD:
             return
         whole = torch.empty(0, dtype=lent.dtype).set_(lent.untyped_storage())
         with self._lock:
-            if any(b.data_ptr() == whole.data_ptr() for b in self._free):
-                raise ValueError("a buffer was given back twice")
+            if whole.data_ptr() not in self._lent:
+                raise ValueError("a buffer given back that is not lent (or given back twice)")
+            self._lent.remove(whole.data_ptr())
             self._free.append(whole)
             if len(self._free) > self.kept:
                 self._drop(min(self._free, key=_nbytes))

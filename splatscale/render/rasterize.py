@@ -133,12 +133,16 @@ class _Composite(torch.autograd.Function):
         kernel = k.backward_with_absgrad if absgrad else k.backward
         # Each intersection's gradient row is written over its packed splat: no buffer of
         # every intersection is mapped, faulted in and freed again.
+        rows = ctx.inputs[0]
         kernel(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb), _numpy(v_depth_sum),
-               _numpy(v_alpha), ctx.inputs[0])
+               _numpy(v_alpha), rows)
+        # The rows hold gradients now: a backward after this one (kept graph, or this one
+        # raising below) packs the splats again.
+        packed, ctx.packed, ctx.inputs[0] = ctx.packed, None, None
         # From torch, not numpy, so that torch's profiler counts it (bench/memory.py).
         grads = torch.zeros((means2d.shape[0], width), dtype=means2d.dtype)
-        k.sum_per_splat(splat_ids, ctx.inputs[0], grads.numpy(), numba.get_num_threads())
-        packed, ctx.packed, ctx.inputs[0] = ctx.packed, None, None
+        k.sum_per_splat(splat_ids, rows, grads.numpy(), numba.get_num_threads())
+        del rows
         INTERSECTION_ROWS.give_back(packed)
         v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
         v_absgrad = grads[:, k.GRAD_ABS_MEAN:k.GRAD_ABS_MEAN + 2] if absgrad else None
