@@ -5,7 +5,8 @@ import math
 import numpy as np
 import torch
 
-from splatscale.render.binning import TILE_SIZE, _by_key, _first_at_least, bin_tiles
+from splatscale.render.binning import (SHORT_RUN, TILE_SIZE, _by_key, _first_at_least,
+                                       _order_ties_by_key, bin_tiles)
 
 
 def test_bins_hold_each_tile_splats_nearest_first():
@@ -50,14 +51,21 @@ def test_equal_depths_are_ordered_by_key_not_storage():
 
 
 def test_runs_of_equal_depths_sort_stably_by_key():
-    """Runs of every length up to 40 and one of 5,000, duplicate keys among them: the
-    order numpy's stable sort by key gives."""
+    """Runs of every length up to 40 and one of 5,000, duplicate keys among them, alone
+    and among runs of other depths: the order numpy's stable sort by key gives."""
     g = np.random.default_rng(0)
     for count in [*range(1, 41), 5000]:
         run = g.permutation(10 * count)[:count]
         keys = g.integers(0, max(2, count // 3), size=10 * count)
         want = run[np.argsort(keys[run], kind="stable")]
         assert np.array_equal(_by_key(run, keys), want), count
+    lengths = g.integers(1, 2 * SHORT_RUN, size=300)
+    depth_bits = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
+    order = g.permutation(len(depth_bits))
+    keys = g.integers(0, 50, size=len(depth_bits))
+    want = order[np.lexsort((keys[order], depth_bits))]  # by depth, then key, stably
+    _order_ties_by_key(depth_bits, keys, order)
+    assert np.array_equal(order, want)
 
 
 def test_the_first_index_at_least_a_value_is_numpys_searchsorted():

@@ -17,6 +17,7 @@ from splatscale.render.projection_kernels import CHUNK
 from splatscale.render.radix_sort import stable_sort
 
 BLOCK_ROWS = TILE_SIZE // BLOCK_H  # rows of blocks in a row of tiles
+SHORT_RUN = 32  # equal depths up to this many are ordered by insertion
 
 
 @dataclass
@@ -135,11 +136,26 @@ def _order_ties_by_key(sorted_bits, keys, order):  # pragma: no cover - compiled
     start = 0
     for i in range(1, order.shape[0] + 1):
         if i == order.shape[0] or sorted_bits[i] != sorted_bits[start]:
-            if i - start > 1:
+            if 1 < i - start <= SHORT_RUN:
+                _insert_by_key(order, start, i, keys)
+            elif i - start > SHORT_RUN:
                 run = _by_key(order[start:i], keys)
                 for j in range(i - start):  # a loop: a slice assignment compiles seconds longer
                     order[start + j] = run[j]
             start = i
+
+
+@numba.njit(inline="always")
+def _insert_by_key(order, lo, hi, keys):  # pragma: no cover - compiled
+    """order[lo:hi] sorted stably by key in place: an insertion sort, for short runs
+    (no buffer allocated for each)."""
+    for j in range(lo + 1, hi):
+        g = order[j]
+        m = j
+        while m > lo and keys[order[m - 1]] > keys[g]:
+            order[m] = order[m - 1]
+            m -= 1
+        order[m] = g
 
 
 @numba.njit(cache=True)
