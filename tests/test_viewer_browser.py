@@ -123,6 +123,19 @@ def screenshot(page) -> np.ndarray:
     return np.asarray(Image.open(BytesIO(page.screenshot())).convert("RGB"), dtype=float)
 
 
+def settled(page) -> np.ndarray:
+    """A screenshot of the page once it has stopped changing (two in a row the same):
+    what it shows as it loads, or between two frames, counts for nothing."""
+    shots = [screenshot(page)]
+
+    def still() -> bool:
+        shots[:] = [shots[-1], screenshot(page)]
+        return np.array_equal(*shots)
+
+    wait_until(still, "the page still")
+    return shots[-1]
+
+
 def centre(image: np.ndarray) -> np.ndarray:
     """The canvas's pixels around its centre, where the view's pivot is drawn."""
     x, y = VIEWPORT["width"] // 2, VIEWPORT["height"] // 2
@@ -263,7 +276,7 @@ def test_view_opens_on_the_model_and_compares_a_camera(demo_run, browser_page, a
         page.goto(overview_address(port, scenery))
         page.get_by_text("Click a camera").wait_for()
         name, spot = camera_to_click(scenery, VIEWPORT)
-        shown = wait_until(lambda: frustum_pixels(screenshot(page)), "the cameras drawn")
+        shown = wait_until(lambda: frustum_pixels(settled(page)), "the cameras drawn")
         page.get_by_label("Show cameras").uncheck()
         wait_until(lambda: frustum_pixels(screenshot(page)) < shown / 10, "the cameras hidden")
         page.get_by_label("Show cameras").check()
