@@ -42,7 +42,7 @@ from splatscale.model.ply import read_extras, write_ply, write_splat
 from splatscale.model.spz import write_spz
 from splatscale.backends import cuda as cuda_backend
 from splatscale.render import render as render_view
-from splatscale.backends.cpu_compile import compile_kernels, kernels_cached
+from splatscale.backends.cpu_compile import compiling, kernels_cached
 from splatscale.strategy import check_settings
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
@@ -361,12 +361,17 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
             trainer, record = _prepared(args, ranks, where, writes)
             return trainer, record, _watcher(args, trainer, server)
 
+        cold = args.device == "cpu" and not kernels_cached()
+        # Ranks compile side by side already. One process's compile begins as it
+        # prepares, and ends before the folder changes, so that stopping it leaves the
+        # folder be.
+        finish_compile = resources.enter_context(compiling()) if cold and ranks is None else None
         with held():
             trainer, record, watcher = group.agreed(prepare, ranks)
-        if args.device == "cpu" and not kernels_cached():
+        if cold:
             notice("compiling the CPU kernels (once: later runs reuse them)")
-            if ranks is None:  # ranks compile side by side already; before the folder
-                compile_kernels()  # changes, so that stopping it here leaves the folder be
+            if finish_compile is not None:
+                finish_compile()
         if writes:
             RunFolder(args.output).begin(trainer.images_seen if args.resume else None)
             write_json(args.output / "config.json", record)

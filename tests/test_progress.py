@@ -8,6 +8,7 @@ import argparse
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -128,15 +129,45 @@ def test_the_compile_parts_compile_what_a_training_step_calls(tmp_path):
 
 
 def test_a_cold_cache_is_filled_by_every_process(tmp_path):
-    """``compile_kernels`` on an empty cache: a child's part (the projection backward
-    among the largest kernels) reaches the cache as this process' part does."""
-    fill = ("from splatscale.backends.cpu_compile import compile_kernels, kernels_cached; "
-            "print(kernels_cached()); compile_kernels(); print(kernels_cached())")
+    """A compile on an empty cache: a child's part (the projection backward among the
+    largest kernels) reaches the cache as this process' part does."""
+    fill = ("from splatscale.backends.cpu_compile import compiling, kernels_cached\n"
+            "print(kernels_cached())\nwith compiling() as finish:\n    finish()\n"
+            "print(kernels_cached())")
     done = subprocess.run([sys.executable, "-c", fill], capture_output=True, text=True,
                           env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
                           timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True"]
+
+
+def compiling_with_cache(cache) -> list[int]:
+    """The processes compiling into numba cache folder ``cache``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:  # not a process, or one that has ended
+            continue
+        if f"NUMBA_CACHE_DIR={cache}".encode() in environ:
+            found.append(int(proc.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux's /proc")
+def test_a_first_run_refused_as_it_prepares_ends_the_compile_it_began(tmp_path):
+    """A first run begins compiling as it prepares; refused there (a folder without a
+    COLMAP model), it says one line, exits 2 and leaves no process compiling."""
+    empty, cache = tmp_path / "photos", tmp_path / "cache"
+    empty.mkdir()
+    done = subprocess.run([sys.executable, "-m", "splatscale", "train", str(empty), "-o",
+                           str(tmp_path / "run")], capture_output=True, text=True,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(cache)},
+                          timeout=HANG_GUARD)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and "no COLMAP model" in done.stderr
+    assert compiling_with_cache(cache) == []
+    assert not (tmp_path / "run").exists()
 
 
 def test_train_help_comes_in_groups_and_says_every_default():

@@ -1,9 +1,10 @@
 """The CPU kernels in numba's on-disk cache: whether a run will compile them, and
-compiling them in three processes at once before its first step.
+compiling them in three processes at once, begun as a run prepares and ended before
+its first step.
 
 numba compiles a kernel the first time it is called with new argument types, one
 kernel at a time in a process, and keeps it on disk (``cache=True``) for later
-runs. ``compile_kernels`` splits a first run's compile in three parts, each driven
+runs. ``compiling`` splits a first run's compile in three parts, each driven
 by a tiny synthetic step of its stages through the very calls training makes (so
 the argument types, and so the specialisations cached, are training's own): the
 geometry (visibility, projection, SH) and the loss with Adam, each in a child
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 
@@ -47,11 +50,14 @@ def kernels_cached() -> bool:
         return True
 
 
-def compile_kernels() -> None:
-    """Every kernel of a default training step compiled (or loaded from the cache):
-    the geometry's and the loss's parts in child processes while this one compiles
-    the pixels', then the children awaited. Where a child cannot start or fails, the
-    run compiles what it lacks itself; interrupted, the children are ended with it."""
+@contextmanager
+def compiling() -> Iterator[Callable[[], None]]:
+    """A first run's compile, begun: the geometry's and the loss's parts compiling in
+    child processes while the block runs (a run prepares meanwhile). The block calls
+    what it is given before its first step: it compiles the pixels' part in this
+    process and awaits the children. Where a child cannot start or fails, the run
+    compiles what it lacks itself; the block ending early (refused, interrupted) ends
+    the children with it."""
     package_root = Path(__file__).resolve().parents[2]  # a child imports this splatscale
     children = []
     try:
@@ -63,9 +69,13 @@ def compile_kernels() -> None:
                     stderr=subprocess.DEVNULL))
             except OSError:
                 pass
-        pixels_part()
-        for child in children:
-            child.wait()
+
+        def finish() -> None:
+            pixels_part()
+            for child in children:
+                child.wait()
+
+        yield finish
     finally:
         for child in children:
             if child.poll() is None:
