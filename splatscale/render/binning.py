@@ -243,17 +243,31 @@ def _box_spans(boxes, row_starts, spans, block_spans):  # pragma: no cover - com
 
 
 @numba.njit(cache=True)
+def _gathered(lo, hi, order, means2d, conics, opacities):  # pragma: no cover - compiled
+    """Splats order[lo:hi]'s mean, conic and opacity, in float64 rows. Gathered in a
+    loop of loads alone, the memory serves many at once; amid the spans' arithmetic it
+    served them one after another (three times the spans' time at 3M splats)."""
+    splats = np.empty((hi - lo, 6))
+    for i in range(lo, hi):
+        g = order[i]
+        row = splats[i - lo]
+        row[0], row[1] = means2d[g, 0], means2d[g, 1]
+        row[2], row[3], row[4] = conics[g, 0], conics[g, 1], conics[g, 2]
+        row[5] = opacities[g]
+    return splats
+
+
+@numba.njit(cache=True)
 def _ellipse_spans_of(lo, hi, order, boxes, means2d, conics, opacities, row_starts, spans,
                       block_spans):  # pragma: no cover - compiled
     """Splats [lo, hi): in each row of blocks of the box, the block columns with a pixel
     centre in the splat's ``reach_ellipse`` (a span, as a row cuts the ellipse in one
     piece), and in each tile row the tiles that hold them."""
+    splats = _gathered(lo, hi, order, means2d, conics, opacities)
     for i in range(lo, hi):
-        g = order[i]
-        mx, my = np.float64(means2d[g, 0]), np.float64(means2d[g, 1])
-        a, b, c = np.float64(conics[g, 0]), np.float64(conics[g, 1]), np.float64(conics[g, 2])
+        mx, my, a, b, c, opacity = splats[i - lo]
         # The largest sigma at which the splat's alpha reaches 1/255: ln(255 opacity).
-        sigma_max = math.log(max(np.float64(opacities[g]), ALPHA_MIN) / ALPHA_MIN)
+        sigma_max = math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)
         limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max)
         column_lo, column_hi = boxes[i, 0] * BLOCKS_X, boxes[i, 1] * BLOCKS_X
         v = boxes[i, 2] * TILE_SIZE - my  # the top of a row of blocks, relative to the mean
