@@ -10,7 +10,6 @@ import torch
 
 from splatscale.engine.composed import ComposedEngine
 from splatscale.engine.factory import make_engine
-from splatscale.model.gaussians import GaussianModel
 from splatscale.step.keyed_random import keyed_hash, keyed_normal, mix
 from tests.conftest import (absgrad_run, capped_run, densifying_run, densifying_scene,
                             mcmc_run)
@@ -42,11 +41,6 @@ def test_keyed_normal_is_a_standard_normal_per_key():
     assert len(set(keyed_hash(keys, 3, 0).tolist())) == len(keys)
 
 
-def permuted(model: GaussianModel, order: torch.Tensor) -> GaussianModel:
-    return GaussianModel(**{n: t.detach()[order].clone() for n, t in model.parameters().items()},
-                         sh_degree=model.sh_degree, keys=model.keys[order].clone())
-
-
 def by_key(engine: ComposedEngine) -> dict:
     """Parameters, Adam moments and statistics, rows sorted by key."""
     order = torch.argsort(engine.model.keys)
@@ -67,7 +61,7 @@ def test_storage_order_does_not_change_training(run):
     views, model = densifying_scene()
     order = torch.randperm(len(model), generator=torch.Generator().manual_seed(0))
     engines = [make_engine(m, batch_size=2, background=torch.zeros(3))
-               for m in (model.detach(), permuted(model, order))]
+               for m in (model.detach(), model.rows(order))]
     for engine in engines:
         run(engine, views)
 

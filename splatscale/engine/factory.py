@@ -67,7 +67,4 @@ def make_engine(model: GaussianModel, batch_size: int, background: Tensor,
 
 def shard_of(model: GaussianModel, rank: int, world: int) -> GaussianModel:
     """Rank ``rank``'s even share of ``model``'s rows, copied."""
-    rows = shard_rows(len(model), rank, world)
-    return GaussianModel(**{n: t.detach()[rows].clone() for n, t in model.parameters().items()},
-                         sh_degree=model.sh_degree, keys=model.keys[rows].clone(),
-                         antialiased=model.antialiased)
+    return model.rows(shard_rows(len(model), rank, world))

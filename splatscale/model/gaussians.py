@@ -119,6 +119,12 @@ class GaussianModel:
                              sh_degree=self.sh_degree, keys=self.keys.clone(),
                              antialiased=self.antialiased)
 
+    def rows(self, index: Tensor | slice) -> "GaussianModel":
+        """The Gaussians at ``index`` (indices, a mask or a slice), copied, with their keys."""
+        return GaussianModel(**{n: t.detach()[index].clone() for n, t in self.parameters().items()},
+                             sh_degree=self.sh_degree, keys=self.keys[index].clone(),
+                             antialiased=self.antialiased)
+
 
 def concatenated(parts: Iterable[GaussianModel], sh_degree: int) -> GaussianModel:
     """One model, copied, of consecutive ``parts`` (as ``Engine.model_parts`` yields them),
