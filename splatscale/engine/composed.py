@@ -33,7 +33,9 @@ One step, as the Trainer calls it (the strategies' order, ``strategy/base.py``):
                                -> rows.gradients_taken(working) -> observer.observe;
                                then rows.add_gradient(regularisers' gradient)
     edit_rows(edit)          rows.bring_current(); edit(rows.row_set, compute.total);
-                               compute.rebalance(rows) if rows moved; rows.rows_edited()
+                               if rows moved: compute.rebalance(rows), each rank's rows
+                               in space's order (step/spatial_order.py);
+                               rows.rows_edited()
     optimizer_step(lrs)      rows.step(lrs)
 
 A strategy's edits (densification, the opacity reset, MCMC's relocation and
@@ -58,6 +60,7 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.render import RenderOutput
 from splatscale.step.row_set import RowSet
 from splatscale.step.selection import Number, Total
+from splatscale.step.spatial_order import spatial_order
 from splatscale.step.observer import GradientTerm, Observer
 
 Result = TypeVar("Result")
@@ -144,6 +147,7 @@ class ComposedEngine:
         replaced = self.compute.any_rank(rows.row_set.take_replaced())
         if replaced:
             self.compute.rebalance(rows)
+            rows.row_set.replace(spatial_order(rows.row_set.model.means))
             rows.row_set.take_replaced()
         rows.rows_edited(replaced)
         return result
