@@ -13,6 +13,9 @@ projection backward, statistics (densification's view-space gradient norms),
 adam, and ``step`` (the whole step as the engine runs it, separately);
 ``overhead`` is ``step`` minus the stages' sum (can be below zero: the stages
 are timed one by one, with synchronisation points the step does not have).
+
+``--space-order`` stores each model's rows in the order training keeps them once
+it has edited them (``step/spatial_order.py``) instead of as they were built.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from splatscale.render.dense_gradients import reusing
 from splatscale.render.rasterize import composite
 from splatscale.step.loss import photometric_loss
 from splatscale.step.observer import Seen, SeenView
+from splatscale.step.spatial_order import spatial_order
 from splatscale.strategy.default import GradientNorms
 
 from growth import scaled
@@ -104,8 +108,9 @@ def staged_step(engine: ComposedEngine, store: ImageStore, index: int, stages: S
     stages.run("adam", lambda: engine.optimizer_step(RATES))
 
 
-def profile(store: ImageStore, model, steps: int) -> dict:
-    engine = make_engine(model.detach(), 1, torch.zeros(3))
+def profile(store: ImageStore, model, steps: int, space_order: bool = False) -> dict:
+    model = model.rows(spatial_order(model.means) if space_order else slice(None))
+    engine = make_engine(model, 1, torch.zeros(3))
     stages = Stages()
     views = list(range(len(store)))
     for step in range(steps + 2):  # two warm-up steps
@@ -135,11 +140,11 @@ class GardenView:
         return torch.zeros(self.view.height, self.view.width, 3)
 
 
-def garden_run(size: int, megapixels: float, steps: int) -> dict:
+def garden_run(size: int, megapixels: float, steps: int, space_order: bool) -> dict:
     model, cameras = garden_scene(size)
     store = GardenView(scaled(cameras[0], megapixels))
     return {"gaussians": size, "width": store.view.width, "height": store.view.height,
-            "ms": profile(store, model, steps)}
+            "ms": profile(store, model, steps, space_order)}
 
 
 def main() -> None:
@@ -151,10 +156,13 @@ def main() -> None:
                         "instead of the jittered SfM points (its SH degree: 3)")
     parser.add_argument("--scene", choices=("snowmiku", "garden"), default="snowmiku")
     parser.add_argument("--megapixels", type=float, default=1.0, help="of the garden view")
+    parser.add_argument("--space-order", action="store_true",
+                        help="each model's rows in the order training keeps them")
     args = parser.parse_args()
     if args.scene == "garden":
-        emit({"scene": "garden", "runs": [garden_run(size, args.megapixels, args.steps)
-                                          for size in args.sizes]})
+        emit({"scene": "garden", "space_order": args.space_order,
+              "runs": [garden_run(size, args.megapixels, args.steps, args.space_order)
+                       for size in args.sizes]})
         return
     scene = read_colmap(DATA / "snowmiku")
     runs = []
@@ -166,8 +174,9 @@ def main() -> None:
             store = ImageStore(scene, resolution=resolution, background=scene.background)
             camera = store.camera(0)
             runs.append({"gaussians": len(model), "width": camera.width,
-                         "height": camera.height, "ms": profile(store, model, args.steps)})
-    emit({"scene": "snowmiku", "runs": runs})
+                         "height": camera.height,
+                         "ms": profile(store, model, args.steps, args.space_order)})
+    emit({"scene": "snowmiku", "space_order": args.space_order, "runs": runs})
 
 
 if __name__ == "__main__":
