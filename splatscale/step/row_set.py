@@ -74,8 +74,11 @@ class RowSet:
     def replace(self, keep: Tensor, added: dict[str, Tensor] | None = None) -> None:
         """Keep rows ``keep`` (index or mask) of every per-row tensor, then append
         ``added``: a row of each parameter and ``keys``; their moments and state zero."""
+        # index_select, not indexing: the same rows, copied in parallel.
+        index = keep.nonzero()[:, 0] if keep.dtype == torch.bool else keep
+
         def rows(tensor: Tensor, new: Tensor | None) -> Tensor:
-            kept = tensor[keep]
+            kept = tensor.index_select(0, index)
             return kept if new is None else torch.cat([kept, new.to(kept.dtype)])
 
         def zeros(like: Tensor) -> Tensor | None:
