@@ -14,6 +14,26 @@ SH_REST = (MAX_SH_DEGREE + 1) ** 2 - 1
 SH_C0 = 0.28209479177387814  # the degree-0 basis function: colour = SH_C0 * sh0 + 0.5
 
 
+class _Sigmoid(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits: Tensor) -> Tensor:
+        values = torch.reciprocal(torch.exp(-logits) + 1)
+        ctx.save_for_backward(values)
+        return values
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        values, = ctx.saved_tensors
+        return grad * (values * (1 - values))
+
+
+def sigmoid(logits: Tensor) -> Tensor:
+    """1 / (1 + exp(-logits)), each element rounded alike wherever it is stored.
+    torch.sigmoid's CPU loop rounds the elements past its last full vector otherwise
+    than the rest, which made a float32 result depend on the storage order."""
+    return _Sigmoid.apply(logits)
+
+
 @dataclass(init=False)
 class GaussianModel:
     """Struct of per-Gaussian tensors, stored as the optimiser sees them.
@@ -75,7 +95,7 @@ class GaussianModel:
 
     @property
     def opacities(self) -> Tensor:
-        return torch.sigmoid(self.opacity_logits)
+        return sigmoid(self.opacity_logits)
 
     @property
     def rotations(self) -> Tensor:

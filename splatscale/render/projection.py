@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from splatscale.data.cameras import Camera
-from splatscale.model.gaussians import GaussianModel
+from splatscale.model.gaussians import GaussianModel, sigmoid
 from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_EPS,
                                            FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS)
 from splatscale.backends import Backend, backend_for
@@ -328,7 +328,7 @@ def _visibility_torch(means: Tensor, quats: Tensor, log_scales: Tensor, opacity_
     dense = _project_pairs(means[None], factors[None], viewmats[:, None], Ks[:, None],
                            sizes[:, None], antialiased,
                            None if fisheye is None else fisheye[:, None])
-    return Visibility(*_radii_and_visibility(dense, torch.sigmoid(opacity_logits),
+    return Visibility(*_radii_and_visibility(dense, sigmoid(opacity_logits),
                                              sizes[:, None]))
 
 
@@ -372,7 +372,7 @@ def project_cpu(model: GaussianModel, cameras: list[Camera],
         sizes, fisheye_cameras(cameras, model.means.device), model.antialiased)
     colors = _ShColors.apply(model.means, model.sh0, model.shN, gaussian_ids, camera_ids,
                              camera_centres(viewmats), model.sh_degree)
-    opacities = torch.sigmoid(model.opacity_logits.index_select(0, gaussian_ids))
+    opacities = sigmoid(model.opacity_logits.index_select(0, gaussian_ids))
     if compensations is not None:
         opacities = opacities * compensations
     return Splats(camera_ids, gaussian_ids, means2d, conics, depths,

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from splatscale.model.gaussians import sigmoid
 from splatscale.render.projection import quat_to_rotmat
 from splatscale.step.keyed_random import keyed_hash, keyed_normal
 from splatscale.step.row_set import RowSet
@@ -199,7 +200,7 @@ def within_budget(candidates: Tensor, grads: Tensor, keys: Tensor, max_gaussians
 def reset_opacity(rows: RowSet) -> dict[str, int]:
     """Clamp every opacity to at most 0.01 and forget its Adam moments."""
     def clamped(name: str, logits: Tensor) -> Tensor:
-        opacity = torch.clamp_max(torch.sigmoid(logits), RESET_OPACITY)
+        opacity = torch.clamp_max(sigmoid(logits), RESET_OPACITY)
         return torch.log(opacity / (1 - opacity))
 
     rows.map_values(["opacity_logits"], clamped, lambda name, moment: torch.zeros_like(moment))

@@ -33,6 +33,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from splatscale.model.gaussians import sigmoid
 from splatscale.render.projection import quat_to_rotmat
 from splatscale.step.keyed_random import keyed_hash, keyed_normal, keyed_uniform
 from splatscale.step.row_set import RowSet
@@ -66,7 +67,7 @@ class Regularisers:
     def gradients(self, params: dict[str, Tensor], count: int) -> dict[str, Tensor]:
         """Their gradient with respect to ``params``' rows, the model having ``count``
         Gaussians in all (over ranks)."""
-        opacity = torch.sigmoid(params["opacity_logits"].detach())
+        opacity = sigmoid(params["opacity_logits"].detach())
         return {"opacity_logits": self.opacity * opacity * (1 - opacity) / count,
                 "log_scales": self.scale * torch.exp(params["log_scales"].detach()) / (3 * count)}
 
@@ -243,7 +244,7 @@ def noise(rows: RowSet, scale: float, step: int) -> Tensor:
     k, x0 = NOISE_GATE
     model = rows.model
     opacity = model.opacities.detach()
-    gate = torch.sigmoid(k * (1 - opacity - x0))
+    gate = sigmoid(k * (1 - opacity - x0))
     rotations = quat_to_rotmat(model.quats.detach())
     covariance = rotations @ torch.diag_embed(model.scales.detach() ** 2) @ rotations.mT
     z = keyed_normal(model.keys, 3, _NOISE, step).to(opacity.dtype)
