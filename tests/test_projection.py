@@ -176,6 +176,7 @@ def test_sh_kernels_pass_gradcheck(wide_scene):
 
 
 _BEFORE = np.load(data_path("projection_68d7002.npz"))
+EPS = {dtype: torch.finfo(dtype).eps for dtype in (torch.float32, torch.float64)}
 
 
 def _saved(name: str) -> torch.Tensor:
@@ -194,7 +195,10 @@ def test_pinhole_plain_projection_is_that_of_commit_68d7002(dtype):
     reference's to rounding) equal those the code computed before either existed
     (tests/data/projection_68d7002.npz, written by tests/data/projection_68d7002.py at
     that commit). Compositing, which neither touches, is left out: a render's last bits
-    differed between numba's cached and freshly compiled compositing kernels."""
+    differed between numba's cached and freshly compiled compositing kernels. The
+    opacities' sigmoid changed since, to round alike wherever a Gaussian is stored
+    (``model.gaussians.sigmoid``): the opacities and their logits' gradient are held to
+    rounding, the rest to the bit."""
     from splatscale.render.projection import _ewa_pairs, visibility_cpu, visibility_torch
     from splatscale.render.splats import camera_tensors
     params = {n: _saved(f"inputs/params/{n}").to(dtype) for n in GaussianModel.PARAMETERS}
@@ -205,7 +209,11 @@ def test_pinhole_plain_projection_is_that_of_commit_68d7002(dtype):
     before = f"{dtype}/"
 
     def same(got, name):
-        assert torch.equal(got.detach(), _saved(before + name)), name
+        if name in ("splats/4", "splat_grads/3"):  # the opacities, their logits' gradient
+            torch.testing.assert_close(got.detach(), _saved(before + name), rtol=4 * EPS[dtype],
+                                       atol=0, msg=name)
+        else:
+            assert torch.equal(got.detach(), _saved(before + name)), name
 
     for name, seen in (("vis_kernel", visibility_cpu(model, cameras)),
                        ("vis_torch", visibility_torch(model, cameras))):

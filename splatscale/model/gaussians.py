@@ -24,7 +24,7 @@ class _Sigmoid(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
         values, = ctx.saved_tensors
-        return grad * (values * (1 - values))
+        return grad * (1 - values) * values  # torch's sigmoid_backward, term by term
 
 
 def sigmoid(logits: Tensor) -> Tensor:
