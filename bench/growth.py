@@ -8,7 +8,8 @@ a process of its own (so that its peak resident memory, ``VmHWM``, is its own):
   for models of ``--gaussian-counts`` (``scenes.garden_scene``: a random choice
   of the garden splats' points below their 138,766, all of them and jittered
   copies above; 3DGS initialisation, so the denser the model, the smaller its
-  Gaussians). Per point: the
+  Gaussians; with ``--space-order``, stored as training keeps them once it has
+  edited its rows, ``step/spatial_order.py``). Per point: the
   median step seconds after a warm-up step, and the process' peak resident
   bytes over the timed steps (the model, its Adam state and the step).
 - ``pixels``: the same at ``--model-gaussians`` for views of ``--pixel-counts``
@@ -67,18 +68,22 @@ def scaled(camera, megapixels: float):
                   camera.name)
 
 
-def step_point(gaussians: int, megapixels: float, steps: int) -> dict:
-    """One process' measurement of the local engine's step."""
+def step_point(gaussians: int, megapixels: float, steps: int, space_order: bool) -> dict:
+    """One process' measurement of the local engine's step (with ``space_order``, on
+    the model's rows in the order training keeps them once it has edited them)."""
     import numba
     import torch
 
     from splatscale.engine import TrainView
     from splatscale.engine.factory import make_engine
+    from splatscale.step.spatial_order import spatial_order
     from splatscale.strategy.default import GradientNorms
     from memory import rates
     from scenes import garden_scene
 
     model, cameras = garden_scene(gaussians)
+    if space_order:
+        model = model.rows(spatial_order(model.means))
     camera = scaled(cameras[0], megapixels)
     views = [TrainView(camera, torch.zeros(camera.height, camera.width, 3))]
     engine = make_engine(model, 1, torch.zeros(3))
@@ -225,16 +230,21 @@ def main() -> None:
     parser.add_argument("--plot", type=Path, default=DOCS / "growth.png",
                         help="written when every sweep runs")
     parser.add_argument("--sweeps", nargs="+", choices=SWEEPS, default=list(SWEEPS))
+    parser.add_argument("--space-order", action="store_true",
+                        help="the models' rows in the order training keeps them")
     args = parser.parse_args()
 
     import numba
-    result = {"cores": numba.config.NUMBA_NUM_THREADS, "numba_threads": numba.get_num_threads()}
+    result = {"cores": numba.config.NUMBA_NUM_THREADS, "numba_threads": numba.get_num_threads(),
+              "space_order": args.space_order}
     # A fresh process per point: each peak is its own, and nothing else computes beside it.
     pool = multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1)
     try:
         for sweep, points in (
-                ("gaussians", [(n, args.megapixels, args.steps) for n in args.gaussian_counts]),
-                ("pixels", [(args.model_gaussians, mp, args.steps) for mp in args.pixel_counts])):
+                ("gaussians", [(n, args.megapixels, args.steps, args.space_order)
+                               for n in args.gaussian_counts]),
+                ("pixels", [(args.model_gaussians, mp, args.steps, args.space_order)
+                            for mp in args.pixel_counts])):
             if sweep not in args.sweeps:
                 continue
             points = measured(pool, step_point, points)
