@@ -77,10 +77,11 @@ def compiling() -> Iterator[Callable[[], None]]:
 
         yield finish
     finally:
-        for child in children:
+        for child in children:  # every one told first, so that none outlives an interrupt
             if child.poll() is None:
                 child.kill()
-                child.wait()
+        for child in children:
+            child.wait()
 
 
 def _camera() -> Camera:
