@@ -68,6 +68,14 @@ def scaled(camera, megapixels: float):
                   camera.name)
 
 
+def stored(model, space_order: bool):
+    """A copy of ``model``; with ``space_order``, its rows in the order training keeps
+    them once it has edited them (``step/spatial_order.py``)."""
+    from splatscale.step.spatial_order import spatial_order
+
+    return model.rows(spatial_order(model.means)) if space_order else model.detach()
+
+
 def step_point(gaussians: int, megapixels: float, steps: int, space_order: bool) -> dict:
     """One process' measurement of the local engine's step (with ``space_order``, on
     the model's rows in the order training keeps them once it has edited them)."""
@@ -76,14 +84,12 @@ def step_point(gaussians: int, megapixels: float, steps: int, space_order: bool)
 
     from splatscale.engine import TrainView
     from splatscale.engine.factory import make_engine
-    from splatscale.step.spatial_order import spatial_order
     from splatscale.strategy.default import GradientNorms
     from memory import rates
     from scenes import garden_scene
 
     model, cameras = garden_scene(gaussians)
-    if space_order:
-        model = model.rows(spatial_order(model.means))
+    model = stored(model, space_order)
     camera = scaled(cameras[0], megapixels)
     views = [TrainView(camera, torch.zeros(camera.height, camera.width, 3))]
     engine = make_engine(model, 1, torch.zeros(3))

@@ -43,10 +43,9 @@ from splatscale.render.dense_gradients import reusing
 from splatscale.render.rasterize import composite
 from splatscale.step.loss import photometric_loss
 from splatscale.step.observer import Seen, SeenView
-from splatscale.step.spatial_order import spatial_order
 from splatscale.strategy.default import GradientNorms
 
-from growth import scaled
+from growth import scaled, stored
 from report import emit
 from scenes import DATA, garden_scene
 
@@ -109,8 +108,7 @@ def staged_step(engine: ComposedEngine, store: ImageStore, index: int, stages: S
 
 
 def profile(store: ImageStore, model, steps: int, space_order: bool = False) -> dict:
-    model = model.rows(spatial_order(model.means) if space_order else slice(None))
-    engine = make_engine(model, 1, torch.zeros(3))
+    engine = make_engine(stored(model, space_order), 1, torch.zeros(3))
     stages = Stages()
     views = list(range(len(store)))
     for step in range(steps + 2):  # two warm-up steps
