@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from splatscale.step.row_set import RowSet
@@ -37,6 +38,14 @@ def test_replace_keeps_every_per_row_tensor_aligned_and_zeroes_the_new():
     assert rows.take_replaced() and not rows.take_replaced()
     assert rows.take_edited() == set(rows.params) and all(
         p.requires_grad and p.is_leaf for p in rows.params.values())
+
+
+def test_replace_refuses_a_mask_of_another_length_and_changes_nothing():
+    rows = numbered_rows()
+    before = row_numbers(rows)
+    with pytest.raises(ValueError, match="keep mask of 4 rows for 5"):
+        rows.replace(torch.tensor([True, False, True, True]))
+    assert row_numbers(rows) == before and not rows.take_replaced()
 
 
 def test_map_values_edits_named_groups_only():

@@ -74,11 +74,13 @@ class RowSet:
     def replace(self, keep: Tensor, added: dict[str, Tensor] | None = None) -> None:
         """Keep rows ``keep`` (index or mask) of every per-row tensor, then append
         ``added``: a row of each parameter and ``keys``; their moments and state zero."""
+        if keep.dtype == torch.bool and len(keep) != len(self):
+            raise ValueError(f"a keep mask of {len(keep)} rows for {len(self)} Gaussians")
         # index_select, not indexing: the same rows, copied in parallel.
         index = keep.nonzero()[:, 0] if keep.dtype == torch.bool else keep
 
         def rows(tensor: Tensor, new: Tensor | None) -> Tensor:
-            kept = tensor.index_select(0, index)
+            kept = tensor.index_select(0, index.to(tensor.device))
             return kept if new is None else torch.cat([kept, new.to(kept.dtype)])
 
         def zeros(like: Tensor) -> Tensor | None:
