@@ -68,6 +68,15 @@ def test_opacity_reset_clamps_and_forgets_moments():
     assert rows.params["opacity_logits"] is model.opacity_logits
 
 
+def test_opacity_reset_keeps_a_vanished_opacity_finite():
+    model, rows = setup()
+    with torch.no_grad():
+        model.opacity_logits[0] = -200.0  # its opacity rounds to zero
+    reset_opacity(rows)
+    assert torch.isfinite(model.opacity_logits).all()
+    assert 0 < model.opacities[0] < 1e-37
+
+
 def test_a_budget_densifies_the_largest_gradients_first():
     model, rows = setup()
     before = model.detach()

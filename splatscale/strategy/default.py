@@ -198,9 +198,11 @@ def within_budget(candidates: Tensor, grads: Tensor, keys: Tensor, max_gaussians
 
 
 def reset_opacity(rows: RowSet) -> dict[str, int]:
-    """Clamp every opacity to at most 0.01 and forget its Adam moments."""
+    """Clamp every opacity to at most 0.01 and forget its Adam moments. An opacity
+    that rounds to zero is kept at the smallest normal number: its logit stays finite."""
     def clamped(name: str, logits: Tensor) -> Tensor:
-        opacity = torch.clamp_max(sigmoid(logits), RESET_OPACITY)
+        smallest = torch.finfo(logits.dtype).tiny
+        opacity = torch.clamp(sigmoid(logits), smallest, RESET_OPACITY)
         return torch.log(opacity / (1 - opacity))
 
     rows.map_values(["opacity_logits"], clamped, lambda name, moment: torch.zeros_like(moment))
