@@ -41,8 +41,6 @@ CHANNELS = 4  # red, green, blue, depth
 # with absgrad, then the absolute per-pixel means2d gradients summed (x, y). The backward
 # writes each row over the packed row it read (below), short of its last column.
 GRAD_MEAN, GRAD_CONIC, GRAD_OPACITY, GRAD_COLOR, GRAD_DEPTH, GRAD_ABS_MEAN = 0, 2, 5, 6, 9, 10
-GRAD_WIDTH = 10
-ABSGRAD_WIDTH = 12
 
 # The kernels read the splats through ``pack``: one row per intersection, in
 # intersection order (tile by tile, nearest first), so a tile reads consecutive
@@ -339,7 +337,7 @@ def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, re
 def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1, final_T,
              last_index, v_rgb, v_depth, v_alpha, isect_grads):
     """Walk each tile back to front, one gradient row per intersection (every row of
-    ``isect_grads`` written, GRAD_WIDTH columns). ``isect_grads`` may be ``packed``
+    ``isect_grads`` written, up to GRAD_DEPTH). ``isect_grads`` may be ``packed``
     itself: a row is read before it is written, and its BLOCKS_REACHED column kept
     (zeroed behind every pixel's last contributor, where no backward reads it)."""
     _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1,
@@ -349,7 +347,7 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
 @nb.njit(parallel=True, fastmath=True, cache=True)
 def backward_with_absgrad(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0,
                           y1, final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads):
-    """``backward``, ABSGRAD_WIDTH columns: each intersection's absolute per-pixel
+    """``backward``, up to GRAD_ABS_MEAN + 1: each intersection's absolute per-pixel
     means2d gradients summed too."""
     _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1,
               final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, True)
@@ -395,26 +393,44 @@ def _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width
 
 
 @nb.njit(cache=True)
-def _sum_rows_of(lo, hi, splat_ids, isect_grads, out, width):  # pragma: no cover - compiled
-    """out[s] += the gradient rows of splat s's intersections, for s in [lo, hi)."""
+def _sum_rows_of(lo, hi, splat_ids, isect_grads, v_means2d, v_conics, v_opacities, v_colors,
+                 v_depths, v_abs):  # pragma: no cover - compiled
+    """For s in [lo, hi): each gradient of splat s, zero plus its intersections' rows.
+    (Rows read by index, not as views: a view costs an atomic reference count.)"""
+    absgrad = v_abs.shape[0] > 0
+    for s in range(lo, hi):  # loops, not slice assignments: compiled sooner
+        v_means2d[s, 0] = v_means2d[s, 1] = v_opacities[s] = v_depths[s] = 0
+        v_conics[s, 0] = v_conics[s, 1] = v_conics[s, 2] = 0
+        v_colors[s, 0] = v_colors[s, 1] = v_colors[s, 2] = 0
+        if absgrad:
+            v_abs[s, 0] = v_abs[s, 1] = 0
     for k in range(splat_ids.shape[0]):
         s = splat_ids[k]
         if lo <= s < hi:
-            for j in range(width):
-                out[s, j] += isect_grads[k, j]
+            v_means2d[s, 0] += isect_grads[k, GRAD_MEAN]
+            v_means2d[s, 1] += isect_grads[k, GRAD_MEAN + 1]
+            v_conics[s, 0] += isect_grads[k, GRAD_CONIC]
+            v_conics[s, 1] += isect_grads[k, GRAD_CONIC + 1]
+            v_conics[s, 2] += isect_grads[k, GRAD_CONIC + 2]
+            v_opacities[s] += isect_grads[k, GRAD_OPACITY]
+            v_colors[s, 0] += isect_grads[k, GRAD_COLOR]
+            v_colors[s, 1] += isect_grads[k, GRAD_COLOR + 1]
+            v_colors[s, 2] += isect_grads[k, GRAD_COLOR + 2]
+            v_depths[s] += isect_grads[k, GRAD_DEPTH]
+            if absgrad:
+                v_abs[s, 0] += isect_grads[k, GRAD_ABS_MEAN]
+                v_abs[s, 1] += isect_grads[k, GRAD_ABS_MEAN + 1]
 
 
 @nb.njit(parallel=True, cache=True)
-def sum_per_splat(splat_ids, isect_grads, out, parts):  # pragma: no cover - compiled
-    """out[s] += the gradient rows of splat s's intersections, in intersection order:
-    their first ``out.shape[1]`` columns (GRAD_WIDTH or ABSGRAD_WIDTH). Each of
-    ``parts`` tasks takes a range of splats (and reads every splat id): a splat's sum
-    never depends on their number."""
-    count = out.shape[0]
+def sum_per_splat(splat_ids, isect_grads, v_means2d, v_conics, v_opacities, v_colors, v_depths,
+                  v_abs, parts):  # pragma: no cover - compiled
+    """Each splat's gradients (written whole, zero where it has no intersection): the sum
+    of its intersections' gradient rows, in intersection order, into one contiguous
+    array per quantity; ``v_abs`` (the absgrad columns) where it has rows, else empty.
+    Each of ``parts`` tasks takes a range of splats (and reads every splat id): a
+    splat's sum never depends on their number."""
+    count = v_opacities.shape[0]
     for part in nb.prange(parts):
-        lo, hi = part * count // parts, (part + 1) * count // parts
-        # Each width a constant, so that the loop over a row unrolls.
-        if out.shape[1] == GRAD_WIDTH:
-            _sum_rows_of(lo, hi, splat_ids, isect_grads, out, GRAD_WIDTH)
-        else:
-            _sum_rows_of(lo, hi, splat_ids, isect_grads, out, ABSGRAD_WIDTH)
+        _sum_rows_of(part * count // parts, (part + 1) * count // parts, splat_ids, isect_grads,
+                     v_means2d, v_conics, v_opacities, v_colors, v_depths, v_abs)

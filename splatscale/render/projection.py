@@ -268,8 +268,9 @@ class _ShColors(torch.autograd.Function):
     @staticmethod
     def backward(ctx, v_colors):
         means, sh0, shN, gaussian_ids, camera_ids, centres = ctx.saved_tensors
-        # Degree 0 has no direction: its means gradient stays zero, and is dropped.
-        grads = [zeros_like(means) if ctx.degree > 0 else torch.zeros_like(means),
+        # Degree 0 has no direction: the kernel writes no means gradient, and none is
+        # returned (an empty array in its place).
+        grads = [zeros_like(means) if ctx.degree > 0 else means.new_empty((0, 3)),
                  zeros_like(sh0), zeros_like(shN)]
         sh_kernels.sh_backward(means.numpy(), sh0.numpy(), shN.numpy(), ctx.degree,
                                gaussian_ids.numpy(),

@@ -123,7 +123,6 @@ class _Composite(torch.autograd.Function):
             ctx.saved_tensors)
         k = compositing_kernels
         absgrad = ctx.needs_input_grad[6]
-        width = k.ABSGRAD_WIDTH if absgrad else k.GRAD_WIDTH
         splat_ids = _numpy(ctx.splat_ids)
         if ctx.packed is None:  # a second backward: the splats packed again
             offsets, tile_order = ctx.inputs[2], ctx.inputs[3]
@@ -139,16 +138,22 @@ class _Composite(torch.autograd.Function):
         # The rows hold gradients now: a backward after this one (kept graph, or this one
         # raising below) packs the splats again.
         packed, ctx.packed, ctx.inputs[0] = ctx.packed, None, None
-        # From torch, not numpy, so that torch's profiler counts it (bench/memory.py).
-        grads = torch.zeros((means2d.shape[0], width), dtype=means2d.dtype)
-        k.sum_per_splat(splat_ids, rows, grads.numpy(), numba.get_num_threads())
+        # Each gradient its own contiguous tensor, as the projection's kernels read them
+        # (views of one [M, 10] array were copied there); from torch, not numpy, so that
+        # torch's profiler counts them (bench/memory.py). The kernel writes every row.
+        count, dtype = means2d.shape[0], means2d.dtype
+        v_means2d, v_conics, v_colors, v_absgrad = (
+            torch.empty((count if wanted else 0, width), dtype=dtype)
+            for wanted, width in ((True, 2), (True, 3), (True, 3), (absgrad, 2)))
+        v_opacities, v_depths = torch.empty(count, dtype=dtype), torch.empty(count, dtype=dtype)
+        k.sum_per_splat(splat_ids, rows, v_means2d.numpy(), v_conics.numpy(),
+                        v_opacities.numpy(), v_colors.numpy(), v_depths.numpy(),
+                        v_absgrad.numpy(), numba.get_num_threads())
         del rows
         INTERSECTION_ROWS.give_back(packed)
         v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
-        v_absgrad = grads[:, k.GRAD_ABS_MEAN:k.GRAD_ABS_MEAN + 2] if absgrad else None
-        return (grads[:, k.GRAD_MEAN:k.GRAD_MEAN + 2], grads[:, k.GRAD_CONIC:k.GRAD_CONIC + 3],
-                grads[:, k.GRAD_COLOR:k.GRAD_COLOR + 3], grads[:, k.GRAD_DEPTH],
-                grads[:, k.GRAD_OPACITY], v_background, v_absgrad, None, None, None, None)
+        return (v_means2d, v_conics, v_colors, v_depths, v_opacities, v_background,
+                v_absgrad if absgrad else None, None, None, None, None)
 
 
 def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
