@@ -141,11 +141,13 @@ class _Composite(torch.autograd.Function):
         # Each gradient its own contiguous tensor, as the projection's kernels read them
         # (views of one [M, 10] array were copied there); from torch, not numpy, so that
         # torch's profiler counts them (bench/memory.py). The kernel writes every row.
-        count, dtype = means2d.shape[0], means2d.dtype
-        v_means2d, v_conics, v_colors, v_absgrad = (
-            torch.empty((count if wanted else 0, width), dtype=dtype)
-            for wanted, width in ((True, 2), (True, 3), (True, 3), (absgrad, 2)))
-        v_opacities, v_depths = torch.empty(count, dtype=dtype), torch.empty(count, dtype=dtype)
+        def gradient(*shape: int) -> Tensor:
+            return torch.empty(shape, dtype=means2d.dtype)
+
+        count = means2d.shape[0]
+        v_means2d, v_conics, v_colors = gradient(count, 2), gradient(count, 3), gradient(count, 3)
+        v_opacities, v_depths = gradient(count), gradient(count)
+        v_absgrad = gradient(count if absgrad else 0, 2)
         k.sum_per_splat(splat_ids, rows, v_means2d.numpy(), v_conics.numpy(),
                         v_opacities.numpy(), v_colors.numpy(), v_depths.numpy(),
                         v_absgrad.numpy(), numba.get_num_threads())
