@@ -7,13 +7,20 @@ kernel at a time in a process, and keeps it on disk (``cache=True``) for later
 runs. ``compiling`` splits a first run's compile in three parts, each driven
 by a tiny synthetic step of its stages through the very calls training makes (so
 the argument types, and so the specialisations cached, are training's own): the
-geometry (visibility, projection, SH) and the loss with Adam, each in a child
-process, and the pixels (binning, compositing) in this one. Three parts of about
-equal compile time, not two, on two cores: the operating system shares the cores
-among them, so the last ends near half the whole, where two halves of unequal size
-wait on the larger. A child's kernels reach this process through the cache; one a
-child could not compile is compiled here when first called, as without it:
-nothing depends on the children.
+geometry (visibility, projection, SH), the loss with Adam, and the pixels
+(binning, compositing), each in a child process. Three parts of about equal
+compile time, not two, on two cores: the operating system shares the cores among
+them, so the last ends near half the whole, where two halves of unequal size wait
+on the larger.
+
+The run itself compiles none of them: it loads every kernel from the cache, as
+every later run does. A kernel compiled with numba's fast-math flags runs
+otherwise, in its last bits, when compiled in the process that calls it than when
+loaded from the cache (seen with numba 0.68 on the compositing kernels; without
+the reassociation flag the two agree), so a first run that
+compiled its own would train a model that later runs of the same command do not.
+A kernel a child could not compile is compiled here when first called, as without
+the children: nothing else depends on them.
 """
 
 from __future__ import annotations
@@ -52,16 +59,15 @@ def kernels_cached() -> bool:
 
 @contextmanager
 def compiling() -> Iterator[Callable[[], None]]:
-    """A first run's compile, begun: the geometry's and the loss's parts compiling in
-    child processes while the block runs (a run prepares meanwhile). The block calls
-    what it is given before its first step: it compiles the pixels' part in this
-    process and awaits the children. Where a child cannot start or fails, the run
-    compiles what it lacks itself; the block ending early (refused, interrupted) ends
-    the children with it."""
+    """A first run's compile, begun: the three parts compiling in child processes
+    while the block runs (a run prepares meanwhile). The block calls what it is given
+    before its first step: it awaits the children. Where a child cannot start or
+    fails, the run compiles what it lacks itself; the block ending early (refused,
+    interrupted) ends the children with it."""
     package_root = Path(__file__).resolve().parents[2]  # a child imports this splatscale
     children = []
     try:
-        for part in CHILD_PARTS:
+        for part in PARTS:
             try:
                 children.append(subprocess.Popen(
                     [sys.executable, "-m", __name__, part], cwd=package_root,
@@ -71,7 +77,6 @@ def compiling() -> Iterator[Callable[[], None]]:
                 pass
 
         def finish() -> None:
-            pixels_part()
             for child in children:
                 child.wait()
 
@@ -133,7 +138,6 @@ def pixels_part() -> None:
 
 
 PARTS = {"geometry": geometry_part, "loss": loss_part, "pixels": pixels_part}
-CHILD_PARTS = ("geometry", "loss")  # the pixels' part runs in the process that trains
 
 if __name__ == "__main__":
     PARTS[sys.argv[1]]()
