@@ -370,8 +370,10 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
             trainer, record, watcher = group.agreed(prepare, ranks)
         if cold:
             notice("compiling the CPU kernels (once: later runs reuse them)")
-            if finish_compile is not None:
-                finish_compile()
+            failed = finish_compile() if finish_compile is not None else []
+            if failed:
+                notice(f"the compile of {', '.join(failed)} failed apart: this run compiles "
+                       "it itself, and may round otherwise than later runs")
         if writes:
             RunFolder(args.output).begin(trainer.images_seen if args.resume else None)
             write_json(args.output / "config.json", record)

@@ -129,16 +129,17 @@ def test_the_compile_parts_compile_what_a_training_step_calls(tmp_path):
 
 
 def test_a_cold_cache_is_filled_by_every_process(tmp_path):
-    """A compile on an empty cache: a child's part (the projection backward among the
-    largest kernels) reaches the cache as this process' part does."""
+    """A compile on an empty cache: every child's part (the projection backward, SH,
+    SSIM and compositing among the kernels checked) reaches the cache, and none
+    failed."""
     fill = ("from splatscale.backends.cpu_compile import compiling, kernels_cached\n"
-            "print(kernels_cached())\nwith compiling() as finish:\n    finish()\n"
+            "print(kernels_cached())\nwith compiling() as finish:\n    print(finish())\n"
             "print(kernels_cached())")
     done = subprocess.run([sys.executable, "-c", fill], capture_output=True, text=True,
                           env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
                           timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "True"]
+    assert done.stdout.split() == ["False", "[]", "True"]
 
 
 def test_a_first_run_trains_the_model_later_runs_train(tmp_path):
@@ -150,7 +151,7 @@ def test_a_first_run_trains_the_model_later_runs_train(tmp_path):
         done = subprocess.run(
             [sys.executable, "-m", "splatscale", "train", str(data_path("snowmiku")),
              "--iterations", "2", "--resolution", "8", "--quiet",
-             "--output", str(tmp_path / run)],
+             "--cache-dir", str(tmp_path / "images"), "--output", str(tmp_path / run)],
             capture_output=True, text=True, env=env, timeout=HANG_GUARD)
         assert done.returncode == 0, done.stderr
     first, later = ((tmp_path / run / "point_cloud.ply").read_bytes()

@@ -36,56 +36,60 @@ import torch
 from splatscale.backends.cpu import BACKEND
 from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import SH_REST, GaussianModel
-from splatscale.render import compositing_kernels, projection_kernels
+from splatscale.render import compositing_kernels, projection_kernels, sh_kernels
 from splatscale.render.projection import project
 from splatscale.render.rasterize import rasterize
 from splatscale.render.splats import Splats
+from splatscale.step import ssim
 from splatscale.step.view_loss import band_loss, masked_in_values
 
-# The largest kernels, which take most of the first compile.
-LARGEST = (compositing_kernels.forward, compositing_kernels.backward,
-           projection_kernels.project_backward)
+# The largest kernels, which take most of the first compile, and the fast-math ones a
+# run must not compile itself.
+CHECKED = (compositing_kernels.forward, compositing_kernels.backward,
+           compositing_kernels.backward_with_absgrad, projection_kernels.project_backward,
+           sh_kernels._colors_of, sh_kernels._color_gradients_of, ssim._ssim_value_and_grad)
 WIDTH, HEIGHT, COUNT = 40, 30, 16
 
 
 def kernels_cached() -> bool:
-    """True when each of the largest kernels has a compiled version cached for its
+    """True when each kernel of ``CHECKED`` has a compiled version cached for its
     source as it is now (numba reads an index whose stamp is stale as empty)."""
     try:
-        return all(kernel._cache._cache_file._load_index() for kernel in LARGEST)
+        return all(kernel._cache._cache_file._load_index() for kernel in CHECKED)
     except (AttributeError, OSError):  # numba's cache internals moved: say nothing
         return True
 
 
 @contextmanager
-def compiling() -> Iterator[Callable[[], None]]:
+def compiling() -> Iterator[Callable[[], list[str]]]:
     """A first run's compile, begun: the three parts compiling in child processes
     while the block runs (a run prepares meanwhile). The block calls what it is given
-    before its first step: it awaits the children. Where a child cannot start or
-    fails, the run compiles what it lacks itself; the block ending early (refused,
-    interrupted) ends the children with it."""
+    before its first step: it awaits the children and returns the parts that could
+    not start or failed, which the run then compiles itself; the block ending early
+    (refused, interrupted) ends the children with it."""
     package_root = Path(__file__).resolve().parents[2]  # a child imports this splatscale
-    children = []
+    children: dict[str, subprocess.Popen | None] = {}
     try:
         for part in PARTS:
             try:
-                children.append(subprocess.Popen(
+                children[part] = subprocess.Popen(
                     [sys.executable, "-m", __name__, part], cwd=package_root,
                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL))
+                    stderr=subprocess.DEVNULL)
             except OSError:
-                pass
+                children[part] = None
 
-        def finish() -> None:
-            for child in children:
-                child.wait()
+        def finish() -> list[str]:
+            return [part for part, child in children.items()
+                    if child is None or child.wait() != 0]
 
         yield finish
     finally:
-        for child in children:  # every one told first, so that none outlives an interrupt
+        started = [child for child in children.values() if child is not None]
+        for child in started:  # every one told first, so that none outlives an interrupt
             if child.poll() is None:
                 child.kill()
-        for child in children:
+        for child in started:
             child.wait()
 
 
@@ -130,11 +134,12 @@ def pixels_part() -> None:
               torch.full((COUNT,), 0.5)]
     means2d, conics, colors, depths, opacities = (t.requires_grad_(True) for t in leaves)
     ids = torch.arange(COUNT)
-    splats = Splats(torch.zeros(COUNT, dtype=torch.int64), ids, means2d, conics, depths,
-                    torch.full((COUNT, 2), 12, dtype=torch.int32), colors, opacities, ids,
-                    [0, COUNT], [_camera()])
-    out = rasterize(splats, WIDTH, HEIGHT, background=torch.zeros(3))
-    (out.rgb.sum() + out.alpha.sum() + out.depth.sum()).backward()
+    for absgrad in (None, torch.zeros(COUNT, 2, requires_grad=True)):  # and AbsGS's backward
+        splats = Splats(torch.zeros(COUNT, dtype=torch.int64), ids, means2d, conics, depths,
+                        torch.full((COUNT, 2), 12, dtype=torch.int32), colors, opacities, ids,
+                        [0, COUNT], [_camera()], absgrad=absgrad)
+        out = rasterize(splats, WIDTH, HEIGHT, background=torch.zeros(3))
+        (out.rgb.sum() + out.alpha.sum() + out.depth.sum()).backward()
 
 
 PARTS = {"geometry": geometry_part, "loss": loss_part, "pixels": pixels_part}

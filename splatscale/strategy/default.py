@@ -199,7 +199,8 @@ def within_budget(candidates: Tensor, grads: Tensor, keys: Tensor, max_gaussians
 
 def reset_opacity(rows: RowSet) -> dict[str, int]:
     """Clamp every opacity to at most 0.01 and forget its Adam moments. An opacity
-    that rounds to zero is kept at the smallest normal number: its logit stays finite."""
+    below the smallest normal number (one that rounds to zero among them) is raised
+    to it: its logit stays finite."""
     def clamped(name: str, logits: Tensor) -> Tensor:
         smallest = torch.finfo(logits.dtype).tiny
         opacity = torch.clamp(sigmoid(logits), smallest, RESET_OPACITY)
