@@ -19,7 +19,7 @@ a process of its own (so that its peak resident memory, ``VmHWM``, is its own):
   ``--image-memory`` and with every image kept: the process' peak resident
   bytes, image check and decode included.
 
-Each sweep is fitted by least squares with a line (``per_unit``: the slope,
+Each sweep of two points or more is fitted by least squares with a line (``per_unit``: the slope,
 ``fixed``: the intercept); ``exponent`` is the log-log slope between its two
 largest points (1: the cost grows in proportion there). With the budget on,
 the image memory stops growing at ``bend_views`` (the budget over one image's
@@ -255,9 +255,10 @@ def main() -> None:
                 continue
             points = measured(pool, step_point, points)
             x = [p["gaussians" if sweep == "gaussians" else "megapixels"] for p in points]
-            result[sweep] = {"points": points,
-                             **{value: fit(x, [p[value] for p in points])
-                                for value in ("step_seconds", "peak_bytes")}}
+            result[sweep] = {"points": points}
+            if len(points) > 1:  # a line needs two points
+                result[sweep].update({value: fit(x, [p[value] for p in points])
+                                      for value in ("step_seconds", "peak_bytes")})
             result["threading_layer"] = "/".join(sorted({p.pop("threading_layer")
                                                           for p in points}))
         if "images" in args.sweeps:
@@ -266,7 +267,8 @@ def main() -> None:
         pool.close()
     finally:
         pool.join()
-    if set(args.sweeps) == set(SWEEPS):
+    if set(args.sweeps) == set(SWEEPS) and all("step_seconds" in result[sweep]
+                                                for sweep in ("gaussians", "pixels")):
         plot(result, args.plot)
     emit(result)
 
