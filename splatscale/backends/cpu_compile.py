@@ -14,13 +14,13 @@ them, so the last ends near half the whole, where two halves of unequal size wai
 on the larger.
 
 The run itself compiles none of them: it loads every kernel from the cache, as
-every later run does. A kernel compiled with numba's fast-math flags runs
+every later run does. A kernel compiled with numba's fast-math flags rounds
 otherwise, in its last bits, when compiled in the process that calls it than when
 loaded from the cache (seen with numba 0.68 on the compositing kernels; without
-the reassociation flag the two agree), so a first run that
-compiled its own would train a model that later runs of the same command do not.
-A kernel a child could not compile is compiled here when first called, as without
-the children: nothing else depends on them.
+the reassociation flag the two agree), so a first run that compiled its own would
+train a model that later runs of the same command do not. A kernel a child could
+not compile is compiled here when first called, as without the children: nothing
+else depends on them.
 """
 
 from __future__ import annotations
