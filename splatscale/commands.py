@@ -362,18 +362,19 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
             return trainer, record, _watcher(args, trainer, server)
 
         cold = args.device == "cpu" and not kernels_cached()
-        # Ranks compile side by side already. One process's compile begins as it
-        # prepares, and ends before the folder changes, so that stopping it leaves the
-        # folder be.
-        finish_compile = resources.enter_context(compiling()) if cold and ranks is None else None
+        # The compile begins as the run prepares, one per machine (its first rank's), and
+        # ends before the folder changes, so that stopping it leaves the folder be. Every
+        # rank waits for its machine's, then loads the kernels from the cache.
+        compiles = cold and (ranks is None or ranks.local_rank == 0)
+        finish_compile = resources.enter_context(compiling()) if compiles else None
         with held():
             trainer, record, watcher = group.agreed(prepare, ranks)
         if cold:
             notice("compiling the CPU kernels (once: later runs reuse them)")
-            failed = finish_compile() if finish_compile is not None else []
-            if failed:
-                notice(f"the compile of {', '.join(failed)} failed apart: this run compiles "
-                       "it itself, and may round otherwise than later runs")
+        failed = group.agreed(finish_compile or list, ranks)
+        if failed:
+            notice(f"the compile of {', '.join(failed)} failed apart: this run compiles "
+                   "it itself, and may round otherwise than later runs")
         if writes:
             RunFolder(args.output).begin(trainer.images_seen if args.resume else None)
             write_json(args.output / "config.json", record)

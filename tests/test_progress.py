@@ -142,15 +142,17 @@ def test_a_cold_cache_is_filled_by_every_process(tmp_path):
     assert done.stdout.split() == ["False", "[]", "True"]
 
 
-def test_a_first_run_trains_the_model_later_runs_train(tmp_path):
+@pytest.mark.parametrize("ranks", [[], ["--nproc", "2"]])
+def test_a_first_run_trains_the_model_later_runs_train(tmp_path, ranks):
     """The run that compiles the kernels (an empty cache) and a run that finds them
-    cached write the same model, byte for byte: a kernel compiled in the process
-    that ran it rounded otherwise than the same kernel loaded from the cache."""
+    cached write the same model, byte for byte, in one process and in ranks: a
+    kernel compiled in the process that ran it rounded otherwise than the same
+    kernel loaded from the cache."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
     for run in ("first", "later"):
         done = subprocess.run(
             [sys.executable, "-m", "splatscale", "train", str(data_path("snowmiku")),
-             "--iterations", "2", "--resolution", "8", "--quiet",
+             "--iterations", "2", "--resolution", "8", "--quiet", *ranks,
              "--cache-dir", str(tmp_path / "images"), "--output", str(tmp_path / run)],
             capture_output=True, text=True, env=env, timeout=HANG_GUARD)
         assert done.returncode == 0, done.stderr

@@ -1,6 +1,6 @@
 """The CPU kernels in numba's on-disk cache: whether a run will compile them, and
 compiling them in three processes at once, begun as a run prepares and ended before
-its first step.
+its first step (one compile per machine: its ranks wait for it, ``commands.py``).
 
 numba compiles a kernel the first time it is called with new argument types, one
 kernel at a time in a process, and keeps it on disk (``cache=True``) for later
