@@ -19,12 +19,12 @@ a process of its own (so that its peak resident memory, ``VmHWM``, is its own):
   ``--image-memory`` and with every image kept: the process' peak resident
   bytes, image check and decode included.
 
-Each sweep of two points or more is fitted by least squares with a line (``per_unit``: the slope,
-``fixed``: the intercept); ``exponent`` is the log-log slope between its two
-largest points (1: the cost grows in proportion there). With the budget on,
-the image memory stops growing at ``bend_views`` (the budget over one image's
-bytes); its line is fitted to the points past it. A user reads from
-``per_unit`` what their capture costs.
+Each sweep of two points or more is fitted by least squares with a line
+(``per_unit``: the slope, ``fixed``: the intercept); ``exponent`` is the log-log
+slope between its two largest points (1: the cost grows in proportion there).
+With the budget on, the image memory stops growing at ``bend_views`` (the budget
+over one image's bytes); its line is fitted to the points past it. A user reads
+from ``per_unit`` what their capture costs.
 """
 
 from __future__ import annotations
