@@ -52,14 +52,16 @@ def test_equal_depths_are_ordered_by_key_not_storage():
 
 def test_runs_of_equal_depths_sort_stably_by_key():
     """Runs of every length up to 40 and one of 5,000, duplicate keys among them, alone
-    and among runs of other depths: the order numpy's stable sort by key gives."""
+    and among runs of other depths (one of 700): the order numpy's stable sort by key
+    gives."""
     g = np.random.default_rng(0)
     for count in [*range(1, 41), 5000]:
         run = g.permutation(10 * count)[:count]
         keys = g.integers(0, max(2, count // 3), size=10 * count)
         want = run[np.argsort(keys[run], kind="stable")]
         assert np.array_equal(_by_key(run, keys), want), count
-    lengths = g.integers(1, 2 * SHORT_RUN, size=300)
+    # Runs across the kernel's parallel chunks (256 splats), one across several.
+    lengths = np.insert(g.integers(1, 2 * SHORT_RUN, size=300), 150, 700)
     depth_bits = np.repeat(np.arange(len(lengths), dtype=np.int32), lengths)
     order = g.permutation(len(depth_bits))
     keys = g.integers(0, 50, size=len(depth_bits))

@@ -18,6 +18,7 @@ from splatscale.render.radix_sort import stable_sort
 
 BLOCK_ROWS = TILE_SIZE // BLOCK_H  # rows of blocks in a row of tiles
 SHORT_RUN = 32  # equal depths up to this many are ordered by insertion
+SPLAT_WIDTH = 8  # a splat's row (``_sorted_rows``): 32 bytes in float32, half a cache line
 
 
 @dataclass
@@ -68,10 +69,11 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
         # sort, not by a sort of every key first (which took twice the depth sort).
         sorted_bits, order = _sorted_depths(depths.detach())
         _order_ties_by_key(sorted_bits, keys.contiguous().numpy(), order)
-        means = means2d.detach().contiguous().numpy()
+        # Each splat's inputs in one row, in depth order: the rows are gathered at once
+        # (one cache line a splat, read in parallel) and then read in sequence.
+        splats = _sorted_rows(order, means2d, radii, conics, opacities)
         boxes = np.empty((len(order), 4), np.int32)
-        _sorted_boxes(order, means, radii.contiguous().numpy(), tiles_x, tile_row0, tile_row1,
-                      boxes)
+        _sorted_boxes(splats, tiles_x, tile_row0, tile_row1, boxes)
         # Each splat's tiles, row by row of its box: a span of columns per row, and in each
         # of the row's rows of blocks the span of block columns (image-wide, inclusive).
         row_starts = np.zeros(len(order) + 1, np.int64)
@@ -81,9 +83,7 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
         if conics is None or opacities is None:
             _box_spans(boxes, row_starts, spans, block_spans)
         else:
-            _ellipse_spans(order, boxes, means, conics.detach().contiguous().numpy(),
-                           opacities.detach().contiguous().numpy(), row_starts, spans,
-                           block_spans)
+            _ellipse_spans(splats, boxes, row_starts, spans, block_spans)
         splat_ids, blocks, offsets = _fill_tiles(order, boxes, row_starts, spans,
                                                  block_spans, tiles_x, tile_row0, n_tiles,
                                                  numba.get_num_threads())
@@ -101,48 +101,97 @@ def _sorted_depths(depths: Tensor) -> tuple[np.ndarray, np.ndarray]:
     return values.numpy(), indices.numpy()
 
 
+def _sorted_rows(order: np.ndarray, means2d: Tensor, radii: Tensor, conics: Tensor | None,
+                 opacities: Tensor | None) -> np.ndarray:
+    """[len(order), SPLAT_WIDTH] of means2d's dtype: splat order[i]'s x, y, radius x,
+    radius y and, where given, conic (a, b, c) and opacity (else 0)."""
+    means = _numpy(means2d)
+    # Allocated by numpy, which asks the kernel for huge pages; an array numba allocates
+    # (as torch's) is faulted in by the 4 KiB page, several times slower.
+    rows = np.empty((len(means), SPLAT_WIDTH), means.dtype)
+    if conics is None or opacities is None:
+        _pack_rows(means, _numpy(radii), np.zeros((len(means), 3), means.dtype),
+                   np.zeros(len(means), means.dtype), rows)
+    else:
+        _pack_rows(means, _numpy(radii), _numpy(conics), _numpy(opacities), rows)
+    gathered = np.empty_like(rows[:len(order)])
+    _gather_rows(order, rows, gathered)
+    return gathered
+
+
+def _numpy(t: Tensor) -> np.ndarray:
+    return t.detach().contiguous().numpy()
+
+
+@numba.njit(parallel=True, cache=True)
+def _pack_rows(means2d, radii, conics, opacities, rows):  # pragma: no cover - compiled
+    for chunk in numba.prange((rows.shape[0] + CHUNK - 1) // CHUNK):
+        for g in range(chunk * CHUNK, min(rows.shape[0], (chunk + 1) * CHUNK)):
+            rows[g, 0], rows[g, 1] = means2d[g, 0], means2d[g, 1]
+            rows[g, 2], rows[g, 3] = radii[g, 0], radii[g, 1]
+            rows[g, 4], rows[g, 5], rows[g, 6] = conics[g, 0], conics[g, 1], conics[g, 2]
+            rows[g, 7] = opacities[g]
+
+
+@numba.njit(parallel=True, cache=True)
+def _gather_rows(order, rows, gathered):  # pragma: no cover - compiled
+    """gathered[i] = rows[order[i]]: a loop of loads alone, so the memory serves many at
+    once (amid arithmetic it served them one after another)."""
+    count = order.shape[0]
+    for chunk in numba.prange((count + CHUNK - 1) // CHUNK):
+        for i in range(chunk * CHUNK, min(count, (chunk + 1) * CHUNK)):
+            g = order[i]
+            for k in range(SPLAT_WIDTH):
+                gathered[i, k] = rows[g, k]
+
+
 @numba.njit(cache=True)
-def _sorted_boxes_of(lo, hi, order, means2d, radii, tiles_x, tile_row0, tile_row1,
+def _sorted_boxes_of(lo, hi, splats, tiles_x, tile_row0, tile_row1,
                      boxes):  # pragma: no cover - compiled
-    tile = means2d.dtype.type(TILE_SIZE)
+    tile = splats.dtype.type(TILE_SIZE)
     for i in range(lo, hi):
-        g = order[i]
-        x, y = means2d[g, 0] / tile, means2d[g, 1] / tile
-        rx, ry = means2d.dtype.type(radii[g, 0]) / tile, means2d.dtype.type(radii[g, 1]) / tile
+        x, y = splats[i, 0] / tile, splats[i, 1] / tile
+        rx, ry = splats[i, 2] / tile, splats[i, 3] / tile
         # np.floor clamps in floats; math.floor's int64 made this loop three times slower.
         x_hi = min(max(np.ceil(x + rx), 0), tiles_x)
         boxes[i, 0] = min(max(np.floor(x - rx), 0), tiles_x)
-        boxes[i, 1] = x_hi if radii[g, 0] > 0 and radii[g, 1] > 0 else 0  # empty: no tile
+        boxes[i, 1] = x_hi if splats[i, 2] > 0 and splats[i, 3] > 0 else 0  # empty: no tile
         boxes[i, 2] = min(max(np.floor(y - ry), tile_row0), tile_row1)
         boxes[i, 3] = min(max(np.ceil(y + ry), tile_row0), tile_row1)
 
 
 @numba.njit(parallel=True, cache=True)
-def _sorted_boxes(order, means2d, radii, tiles_x, tile_row0, tile_row1,
-                  boxes):  # pragma: no cover - compiled
-    """boxes[i]: ``tile_boxes`` of splat order[i] clipped to the band's tiles, as
-    (x_lo, x_hi, y_lo, y_hi); x_hi = 0 where a radius is 0."""
-    count = order.shape[0]
+def _sorted_boxes(splats, tiles_x, tile_row0, tile_row1, boxes):  # pragma: no cover - compiled
+    """boxes[i]: ``tile_boxes`` of splat row i (``_sorted_rows``) clipped to the band's tiles,
+    as (x_lo, x_hi, y_lo, y_hi); x_hi = 0 where a radius is 0."""
+    count = splats.shape[0]
     for chunk in numba.prange((count + CHUNK - 1) // CHUNK):
-        _sorted_boxes_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), order, means2d, radii,
-                         tiles_x, tile_row0, tile_row1, boxes)
+        _sorted_boxes_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), splats, tiles_x,
+                         tile_row0, tile_row1, boxes)
 
 
-@numba.njit(cache=True)
+@numba.njit(parallel=True, cache=True)
 def _order_ties_by_key(sorted_bits, keys, order):  # pragma: no cover - compiled
     """Order each run of equal depths in ``order`` (sorted stably by depth; the
     depths in that order are ``sorted_bits``) by key, stably: ``order`` becomes the
-    sort by (depth, key, storage position)."""
-    start = 0
-    for i in range(1, order.shape[0] + 1):
-        if i == order.shape[0] or sorted_bits[i] != sorted_bits[start]:
-            if 1 < i - start <= SHORT_RUN:
-                _insert_by_key(order, start, i, keys)
-            elif i - start > SHORT_RUN:
-                run = _by_key(order[start:i], keys)
-                for j in range(i - start):  # a loop: a slice assignment compiles seconds longer
+    sort by (depth, key, storage position). Each run is ordered by the chunk it
+    starts in; runs do not overlap, so the chunks run in parallel."""
+    count = order.shape[0]
+    for chunk in numba.prange((count + CHUNK - 1) // CHUNK):
+        start = chunk * CHUNK
+        while 0 < start < count and sorted_bits[start] == sorted_bits[start - 1]:
+            start += 1  # inside a run begun in an earlier chunk
+        while start < min(count, (chunk + 1) * CHUNK):
+            end = start + 1
+            while end < count and sorted_bits[end] == sorted_bits[start]:
+                end += 1
+            if 1 < end - start <= SHORT_RUN:
+                _insert_by_key(order, start, end, keys)
+            elif end - start > SHORT_RUN:
+                run = _by_key(order[start:end], keys)
+                for j in range(end - start):  # a loop: a slice assignment compiles seconds longer
                     order[start + j] = run[j]
-            start = i
+            start = end
 
 
 @numba.njit(inline="always")
@@ -243,29 +292,15 @@ def _box_spans(boxes, row_starts, spans, block_spans):  # pragma: no cover - com
 
 
 @numba.njit(cache=True)
-def _gathered(lo, hi, order, means2d, conics, opacities):  # pragma: no cover - compiled
-    """Splats order[lo:hi]'s mean, conic and opacity, in float64 rows. Gathered in a
-    loop of loads alone, the memory serves many at once; amid the spans' arithmetic it
-    served them one after another (three times the spans' time at 3M splats)."""
-    splats = np.empty((hi - lo, 6))
-    for i in range(lo, hi):
-        g = order[i]
-        row = splats[i - lo]
-        row[0], row[1] = means2d[g, 0], means2d[g, 1]
-        row[2], row[3], row[4] = conics[g, 0], conics[g, 1], conics[g, 2]
-        row[5] = opacities[g]
-    return splats
-
-
-@numba.njit(cache=True)
-def _ellipse_spans_of(lo, hi, order, boxes, means2d, conics, opacities, row_starts, spans,
+def _ellipse_spans_of(lo, hi, splats, boxes, row_starts, spans,
                       block_spans):  # pragma: no cover - compiled
     """Splats [lo, hi): in each row of blocks of the box, the block columns with a pixel
     centre in the splat's ``reach_ellipse`` (a span, as a row cuts the ellipse in one
     piece), and in each tile row the tiles that hold them."""
-    splats = _gathered(lo, hi, order, means2d, conics, opacities)
     for i in range(lo, hi):
-        mx, my, a, b, c, opacity = splats[i - lo]
+        mx, my = np.float64(splats[i, 0]), np.float64(splats[i, 1])
+        a, b, c = np.float64(splats[i, 4]), np.float64(splats[i, 5]), np.float64(splats[i, 6])
+        opacity = np.float64(splats[i, 7])
         # The largest sigma at which the splat's alpha reaches 1/255: ln(255 opacity).
         sigma_max = math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)
         limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max)
@@ -291,12 +326,11 @@ def _ellipse_spans_of(lo, hi, order, boxes, means2d, conics, opacities, row_star
 
 
 @numba.njit(parallel=True, cache=True)
-def _ellipse_spans(order, boxes, means2d, conics, opacities, row_starts, spans,
-                   block_spans):  # pragma: no cover - compiled
-    count = order.shape[0]
+def _ellipse_spans(splats, boxes, row_starts, spans, block_spans):  # pragma: no cover - compiled
+    count = splats.shape[0]
     for chunk in numba.prange((count + CHUNK - 1) // CHUNK):
-        _ellipse_spans_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), order, boxes, means2d,
-                          conics, opacities, row_starts, spans, block_spans)
+        _ellipse_spans_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), splats, boxes,
+                          row_starts, spans, block_spans)
 
 
 @numba.njit(cache=True)
@@ -344,9 +378,8 @@ def _first_at_least(ascending, value):  # pragma: no cover - compiled
     return lo
 
 
-@numba.njit(parallel=True, cache=True)
 def _fill_tiles(order, boxes, row_starts, spans, block_spans, tiles_x, tile_row0, n_tiles,
-                parts):  # pragma: no cover - compiled
+                parts):
     """Each tile's splats in ``order``: the splat ids tile after tile, the blocks each
     reaches, and where each tile's start (a counting sort). Splat order[i] covers, in
     tile row boxes[i, 2] + r, the columns [spans[row_starts[i] + r, 0],
@@ -355,9 +388,23 @@ def _fill_tiles(order, boxes, row_starts, spans, block_spans, tiles_x, tile_row0
     ``parts`` consecutive runs of splats (of about equal rows) are counted and placed
     in parallel, each tile taking the runs in order: the result is the sequential
     sort's whatever their number."""
+    bounds, cursors, offsets = _tile_cursors(boxes, row_starts, spans, tiles_x, tile_row0,
+                                             n_tiles, parts)
+    # Allocated by numpy, for its huge pages (``_sorted_rows``).
+    splat_ids, blocks = np.empty(offsets[-1], np.int64), np.empty(offsets[-1], np.uint8)
+    _place_parts(bounds, order, boxes, row_starts, spans, block_spans, tiles_x, tile_row0,
+                 cursors, splat_ids, blocks)
+    return splat_ids, blocks, offsets
+
+
+@numba.njit(parallel=True, cache=True)
+def _tile_cursors(boxes, row_starts, spans, tiles_x, tile_row0, n_tiles,
+                  parts):  # pragma: no cover - compiled
+    """``_fill_tiles``' runs of splats (bounds [parts + 1]), where each run places its
+    first splat in each tile (cursors [parts, n_tiles]) and each tile's start (offsets)."""
     # Loops, not numpy's searchsorted, cumsum and slice assignments: the same numbers,
     # compiled seconds sooner.
-    count = order.shape[0]
+    count = boxes.shape[0]
     bounds = np.empty(parts + 1, np.int64)
     for part in range(parts + 1):
         bounds[part] = _first_at_least(row_starts, part * (row_starts[-1] / parts))
@@ -375,9 +422,12 @@ def _fill_tiles(order, boxes, row_starts, spans, block_spans, tiles_x, tile_row0
             cursors[part, t] = cursor
             cursor += counts[part, t]
         offsets[t + 1] = cursor
-    splat_ids = np.empty(offsets[-1], np.int64)
-    blocks = np.empty(offsets[-1], np.uint8)
-    for part in numba.prange(parts):
+    return bounds, cursors, offsets
+
+
+@numba.njit(parallel=True, cache=True)
+def _place_parts(bounds, order, boxes, row_starts, spans, block_spans, tiles_x, tile_row0,
+                 cursors, splat_ids, blocks):  # pragma: no cover - compiled
+    for part in numba.prange(bounds.shape[0] - 1):
         _place_splats(bounds[part], bounds[part + 1], order, boxes, row_starts, spans,
                       block_spans, tiles_x, tile_row0, cursors[part], splat_ids, blocks)
-    return splat_ids, blocks, offsets
