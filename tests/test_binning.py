@@ -3,6 +3,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from splatscale.render.binning import (SHORT_RUN, TILE_SIZE, _by_key, _first_at_least,
@@ -75,3 +76,12 @@ def test_the_first_index_at_least_a_value_is_numpys_searchsorted():
     for value in [-1.0, 0.0, 0.5, 3.0, 3.2, 7.0, 11.9, 12.0, 12.5]:
         assert _first_at_least(ascending, value) == np.searchsorted(ascending, value), value
     assert _first_at_least(np.empty(0, np.int64), 1.0) == 0
+
+
+def test_conics_and_opacities_of_another_dtype_are_refused():
+    """Binning reads them in means2d's dtype: a wider conic would be rounded first."""
+    means2d, radii = torch.full((2, 2), 8.0), torch.full((2, 2), 3, dtype=torch.int32)
+    conics = torch.tensor([[0.5, 0.0, 0.5]] * 2, dtype=torch.float64)
+    with pytest.raises(ValueError, match="one dtype"):
+        bin_tiles(means2d, radii, torch.ones(2), torch.arange(2), 16, (0, 16), conics,
+                  torch.ones(2, dtype=torch.float64))
