@@ -60,7 +60,10 @@ def _blur_along(source, taps, step, padded, out):  # pragma: no cover - compiled
     length, margin = source.shape[0], RADIUS * step
     padded[:margin] = 0
     padded[margin + length:] = 0
-    padded[margin:margin + length] = source
+    # A loop, not a slice assignment: numba compiles that one's shape check with its
+    # error message, seconds of a first run's compile.
+    for x in range(np.uint64(0), np.uint64(length)):
+        padded[np.uint64(margin) + x] = source[x]
     # Each output sums its window in a register (WINDOW is a constant, so the tap loop
     # unrolls and the pixel loop vectorises); unsigned indices keep numba's
     # negative-index wraparound out of the loop.
