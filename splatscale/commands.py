@@ -42,7 +42,7 @@ from splatscale.model.ply import read_extras, write_ply, write_splat
 from splatscale.model.spz import write_spz
 from splatscale.backends import cuda as cuda_backend
 from splatscale.render import render as render_view
-from splatscale.backends.cpu_compile import compiling, kernels_cached
+from splatscale.backends.cpu_compile import compile_absgrad, compiling, kernels_cached
 from splatscale.strategy import check_settings
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
@@ -372,6 +372,11 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
         if cold:
             notice("compiling the CPU kernels (once: later runs reuse them)")
         failed = group.agreed(finish_compile or list, ranks)
+        if args.device == "cpu" and trainer.strategy.absgrad:
+            # AbsGS's backward apart, by each machine's first rank, now that the kernels
+            # it shares with the others are cached.
+            first = ranks is None or ranks.local_rank == 0
+            failed += group.agreed(compile_absgrad if first else list, ranks)
         if failed:
             notice(f"the compile of {', '.join(failed)} failed apart: this run compiles "
                    "it itself, and may round otherwise than later runs")

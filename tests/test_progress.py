@@ -142,8 +142,8 @@ def test_a_cold_cache_is_filled_by_every_process(tmp_path):
     assert done.stdout.split() == ["False", "[]", "True"]
 
 
-@pytest.mark.parametrize("ranks", [[], ["--nproc", "2"]])
-def test_a_first_run_trains_the_model_later_runs_train(tmp_path, ranks):
+@pytest.mark.parametrize("flags", [[], ["--nproc", "2"]])
+def test_a_first_run_trains_the_model_later_runs_train(tmp_path, flags):
     """The run that compiles the kernels (an empty cache) and a run that finds them
     cached write the same model, byte for byte, in one process and in ranks: a
     kernel compiled in the process that ran it rounded otherwise than the same
@@ -152,13 +152,39 @@ def test_a_first_run_trains_the_model_later_runs_train(tmp_path, ranks):
     for run in ("first", "later"):
         done = subprocess.run(
             [sys.executable, "-m", "splatscale", "train", str(data_path("snowmiku")),
-             "--iterations", "2", "--resolution", "8", "--quiet", *ranks,
+             "--iterations", "2", "--resolution", "8", "--quiet", *flags,
              "--cache-dir", str(tmp_path / "images"), "--output", str(tmp_path / run)],
             capture_output=True, text=True, env=env, timeout=HANG_GUARD)
         assert done.returncode == 0, done.stderr
     first, later = ((tmp_path / run / "point_cloud.ply").read_bytes()
                     for run in ("first", "later"))
     assert first == later
+
+
+ABSGRAD_RUN = """
+import sys
+from splatscale.cli import main
+from splatscale.render import compositing_kernels
+
+main(["train", sys.argv[2], "--iterations", "2", "--resolution", "8", "--quiet", "--absgrad",
+      "--cache-dir", sys.argv[3], "--output", sys.argv[1]])
+stats = compositing_kernels.backward_with_absgrad.stats
+print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))
+"""
+
+
+def test_a_first_absgrad_run_loads_absgrad_s_backward_from_the_cache(tmp_path):
+    """AbsGS's backward is compiled apart, once the run's settings want it: on an
+    empty cache the run still loads it from the cache (compiled in a child), as
+    every later run does, and compiles none of it itself."""
+    done = subprocess.run(
+        [sys.executable, "-c", ABSGRAD_RUN, str(tmp_path / "run"), str(data_path("snowmiku")),
+         str(tmp_path / "images")],
+        capture_output=True, text=True, timeout=HANG_GUARD,
+        env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    hits, misses = map(int, done.stdout.split()[-2:])
+    assert hits >= 1 and misses == 0
 
 
 def compiling_with_cache(cache) -> list[int]:

@@ -8,10 +8,11 @@ runs. ``compiling`` splits a first run's compile in three parts, each driven
 by a tiny synthetic step of its stages through the very calls training makes (so
 the argument types, and so the specialisations cached, are training's own): the
 geometry (visibility, projection, SH), the loss with Adam, and the pixels
-(binning, compositing), each in a child process. Three parts of about equal
-compile time, not two, on two cores: the operating system shares the cores among
-them, so the last ends near half the whole, where two halves of unequal size wait
-on the larger.
+(binning, compositing), each in a child process. Three parts, not two, on two
+cores: the operating system shares the cores among them, so the last ends near
+half the whole, where two halves of unequal size wait on the larger. AbsGS's
+compositing backward, which only ``--absgrad`` runs call, is a part of its own
+(``compile_absgrad``), compiled once a run's settings say they want it.
 
 The run itself compiles none of them: it loads every kernel from the cache, as
 every later run does. A kernel compiled with numba's fast-math flags rounds
@@ -46,16 +47,19 @@ from splatscale.step.view_loss import band_loss, masked_in_values
 # The largest kernels, which take most of the first compile, and the fast-math ones a
 # run must not compile itself.
 CHECKED = (compositing_kernels.forward, compositing_kernels.backward,
-           compositing_kernels.backward_with_absgrad, projection_kernels.project_backward,
-           sh_kernels._colors_of, sh_kernels._color_gradients_of, ssim._ssim_value_and_grad)
+           projection_kernels.project_backward, sh_kernels._colors_of,
+           sh_kernels._color_gradients_of, ssim._ssim_value_and_grad)
+ABSGRAD_CHECKED = (compositing_kernels.backward_with_absgrad,)
 WIDTH, HEIGHT, COUNT = 40, 30, 16
 
 
-def kernels_cached() -> bool:
-    """True when each kernel of ``CHECKED`` has a compiled version cached for its
-    source as it is now (numba reads an index whose stamp is stale as empty)."""
+def kernels_cached(absgrad: bool = False) -> bool:
+    """True when each kernel of ``CHECKED`` (with ``absgrad``, of ``ABSGRAD_CHECKED``)
+    has a compiled version cached for its source as it is now (numba reads an index
+    whose stamp is stale as empty)."""
+    kernels = CHECKED + ABSGRAD_CHECKED if absgrad else CHECKED
     try:
-        return all(kernel._cache._cache_file._load_index() for kernel in CHECKED)
+        return all(kernel._cache._cache_file._load_index() for kernel in kernels)
     except (AttributeError, OSError):  # numba's cache internals moved: say nothing
         return True
 
@@ -67,17 +71,10 @@ def compiling() -> Iterator[Callable[[], list[str]]]:
     before its first step: it awaits the children and returns the parts that could
     not start or failed, which the run then compiles itself; the block ending early
     (refused, interrupted) ends the children with it."""
-    package_root = Path(__file__).resolve().parents[2]  # a child imports this splatscale
     children: dict[str, subprocess.Popen | None] = {}
     try:
         for part in PARTS:
-            try:
-                children[part] = subprocess.Popen(
-                    [sys.executable, "-m", __name__, part], cwd=package_root,
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL)
-            except OSError:
-                children[part] = None
+            children[part] = _started(part)
 
         def finish() -> list[str]:
             return [part for part, child in children.items()
@@ -91,6 +88,33 @@ def compiling() -> Iterator[Callable[[], list[str]]]:
                 child.kill()
         for child in started:
             child.wait()
+
+
+def compile_absgrad() -> list[str]:
+    """AbsGS's compositing backward compiled in a child process unless it is cached;
+    pre: the other kernels are cached (``compiling`` ended). ["absgrad"] where the
+    child could not start or failed (the run then compiles it itself), else []."""
+    if kernels_cached(absgrad=True):
+        return []
+    child = _started("absgrad")
+    try:
+        return ["absgrad"] if child is None or child.wait() != 0 else []
+    finally:
+        if child is not None and child.poll() is None:  # an interrupt ends it too
+            child.kill()
+            child.wait()
+
+
+def _started(part: str) -> subprocess.Popen | None:
+    """A child compiling ``part`` (of ``PARTS``, or "absgrad"), or None where it could
+    not start."""
+    package_root = Path(__file__).resolve().parents[2]  # a child imports this splatscale
+    try:
+        return subprocess.Popen([sys.executable, "-m", __name__, part], cwd=package_root,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
 
 
 def _camera() -> Camera:
@@ -125,8 +149,9 @@ def loss_part() -> None:
                       torch.ones_like(param), -1e-3, 0.5, 0.9, 0.999, 1e-15)
 
 
-def pixels_part() -> None:
-    """A step's tile binning and compositing, forward and backward, on float32 splats."""
+def pixels_part(absgrad: bool = False) -> None:
+    """A step's tile binning and compositing, forward and backward, on float32 splats;
+    with ``absgrad``, AbsGS's."""
     generator = torch.Generator().manual_seed(0)
     leaves = [torch.rand(COUNT, 2, generator=generator) * torch.tensor([WIDTH, HEIGHT]),
               torch.tensor([0.05, 0.0, 0.05]).repeat(COUNT, 1),
@@ -134,15 +159,15 @@ def pixels_part() -> None:
               torch.full((COUNT,), 0.5)]
     means2d, conics, colors, depths, opacities = (t.requires_grad_(True) for t in leaves)
     ids = torch.arange(COUNT)
-    for absgrad in (None, torch.zeros(COUNT, 2, requires_grad=True)):  # and AbsGS's backward
-        splats = Splats(torch.zeros(COUNT, dtype=torch.int64), ids, means2d, conics, depths,
-                        torch.full((COUNT, 2), 12, dtype=torch.int32), colors, opacities, ids,
-                        [0, COUNT], [_camera()], absgrad=absgrad)
-        out = rasterize(splats, WIDTH, HEIGHT, background=torch.zeros(3))
-        (out.rgb.sum() + out.alpha.sum() + out.depth.sum()).backward()
+    splats = Splats(torch.zeros(COUNT, dtype=torch.int64), ids, means2d, conics, depths,
+                    torch.full((COUNT, 2), 12, dtype=torch.int32), colors, opacities, ids,
+                    [0, COUNT], [_camera()],
+                    absgrad=torch.zeros(COUNT, 2, requires_grad=True) if absgrad else None)
+    out = rasterize(splats, WIDTH, HEIGHT, background=torch.zeros(3))
+    (out.rgb.sum() + out.alpha.sum() + out.depth.sum()).backward()
 
 
 PARTS = {"geometry": geometry_part, "loss": loss_part, "pixels": pixels_part}
 
 if __name__ == "__main__":
-    PARTS[sys.argv[1]]()
+    {**PARTS, "absgrad": lambda: pixels_part(absgrad=True)}[sys.argv[1]]()
