@@ -42,7 +42,8 @@ from splatscale.model.ply import read_extras, write_ply, write_splat
 from splatscale.model.spz import write_spz
 from splatscale.backends import cuda as cuda_backend
 from splatscale.render import render as render_view
-from splatscale.backends.cpu_compile import compile_absgrad, compiling, kernels_cached
+from splatscale.backends.cpu_compile import (ABSGRAD_CHECKED, compile_absgrad, compiling,
+                                             kernels_cached)
 from splatscale.strategy import check_settings
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
@@ -376,7 +377,7 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
             # AbsGS's backward apart, by each machine's first rank, now that the kernels
             # it shares with the others are cached.
             first = ranks is None or ranks.local_rank == 0
-            failed += group.agreed(compile_absgrad if first else list, ranks)
+            failed += group.agreed(_compiled_absgrad if first else list, ranks)
         if failed:
             notice(f"the compile of {', '.join(failed)} failed apart: this run compiles "
                    "it itself, and may round otherwise than later runs")
@@ -388,6 +389,14 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
         for line in summary(report, args.output):
             notice(line)
         print(json.dumps(report))
+
+
+def _compiled_absgrad() -> list[str]:
+    """AbsGS's backward compiled where the cache lacks it (``compile_absgrad``)."""
+    if kernels_cached(ABSGRAD_CHECKED):
+        return []
+    notice("compiling AbsGS's CPU kernel (once: later runs reuse it)")
+    return compile_absgrad()
 
 
 def _prepared(args: Namespace, ranks: group.Membership | None, where: Placement | None,

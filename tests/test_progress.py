@@ -142,12 +142,13 @@ def test_a_cold_cache_is_filled_by_every_process(tmp_path):
     assert done.stdout.split() == ["False", "[]", "True"]
 
 
-@pytest.mark.parametrize("flags", [[], ["--nproc", "2"]])
+@pytest.mark.parametrize("flags", [[], ["--nproc", "2"], pytest.param(
+    ["--nproc", "2", "--absgrad"], marks=pytest.mark.slow)])
 def test_a_first_run_trains_the_model_later_runs_train(tmp_path, flags):
     """The run that compiles the kernels (an empty cache) and a run that finds them
-    cached write the same model, byte for byte, in one process and in ranks: a
-    kernel compiled in the process that ran it rounded otherwise than the same
-    kernel loaded from the cache."""
+    cached write the same model, byte for byte, in one process and in ranks (with
+    AbsGS's kernel compiled apart, too): a kernel compiled in the process that ran
+    it rounded otherwise than the same kernel loaded from the cache."""
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
     for run in ("first", "later"):
         done = subprocess.run(
@@ -166,13 +167,15 @@ import sys
 from splatscale.cli import main
 from splatscale.render import compositing_kernels
 
-main(["train", sys.argv[2], "--iterations", "2", "--resolution", "8", "--quiet", "--absgrad",
-      "--cache-dir", sys.argv[3], "--output", sys.argv[1]])
+code = main(["train", sys.argv[2], "--iterations", "2", "--resolution", "8", "--quiet",
+             "--absgrad", "--cache-dir", sys.argv[3], "--output", sys.argv[1]])
 stats = compositing_kernels.backward_with_absgrad.stats
 print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))
+sys.exit(code)
 """
 
 
+@pytest.mark.slow  # a whole first compile
 def test_a_first_absgrad_run_loads_absgrad_s_backward_from_the_cache(tmp_path):
     """AbsGS's backward is compiled apart, once the run's settings want it: on an
     empty cache the run still loads it from the cache (compiled in a child), as

@@ -45,7 +45,7 @@ from splatscale.step import ssim
 from splatscale.step.view_loss import band_loss, masked_in_values
 
 # The largest kernels, which take most of the first compile, and the fast-math ones a
-# run must not compile itself.
+# run must not compile itself; AbsGS's backward (fast-math too) apart.
 CHECKED = (compositing_kernels.forward, compositing_kernels.backward,
            projection_kernels.project_backward, sh_kernels._colors_of,
            sh_kernels._color_gradients_of, ssim._ssim_value_and_grad)
@@ -53,11 +53,9 @@ ABSGRAD_CHECKED = (compositing_kernels.backward_with_absgrad,)
 WIDTH, HEIGHT, COUNT = 40, 30, 16
 
 
-def kernels_cached(absgrad: bool = False) -> bool:
-    """True when each kernel of ``CHECKED`` (with ``absgrad``, of ``ABSGRAD_CHECKED``)
-    has a compiled version cached for its source as it is now (numba reads an index
-    whose stamp is stale as empty)."""
-    kernels = CHECKED + ABSGRAD_CHECKED if absgrad else CHECKED
+def kernels_cached(kernels: tuple = CHECKED) -> bool:
+    """True when each of ``kernels`` has a compiled version cached for its source as
+    it is now (numba reads an index whose stamp is stale as empty)."""
     try:
         return all(kernel._cache._cache_file._load_index() for kernel in kernels)
     except (AttributeError, OSError):  # numba's cache internals moved: say nothing
@@ -91,13 +89,12 @@ def compiling() -> Iterator[Callable[[], list[str]]]:
 
 
 def compile_absgrad() -> list[str]:
-    """AbsGS's compositing backward compiled in a child process unless it is cached;
-    pre: the other kernels are cached (``compiling`` ended). ["absgrad"] where the
-    child could not start or failed (the run then compiles it itself), else []."""
-    if kernels_cached(absgrad=True):
-        return []
-    child = _started("absgrad")
+    """AbsGS's compositing backward compiled in a child process; pre: the other
+    kernels are cached (``compiling`` ended). ["absgrad"] where the child could not
+    start or failed (the run then compiles it itself), else []."""
+    child = None
     try:
+        child = _started("absgrad")
         return ["absgrad"] if child is None or child.wait() != 0 else []
     finally:
         if child is not None and child.poll() is None:  # an interrupt ends it too
