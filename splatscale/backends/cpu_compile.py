@@ -30,7 +30,7 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import torch
 
@@ -63,15 +63,16 @@ def kernels_cached(kernels: tuple = CHECKED) -> bool:
 
 
 @contextmanager
-def compiling() -> Iterator[Callable[[], list[str]]]:
-    """A first run's compile, begun: the three parts compiling in child processes
-    while the block runs (a run prepares meanwhile). The block calls what it is given
-    before its first step: it awaits the children and returns the parts that could
-    not start or failed, which the run then compiles itself; the block ending early
-    (refused, interrupted) ends the children with it."""
+def compiling(parts: Iterable[str] | None = None) -> Iterator[Callable[[], list[str]]]:
+    """A first run's compile, begun: ``parts`` (of ``CHILD_PARTS``; None: the three of
+    ``PARTS``) compiling in child processes while the block runs (a run prepares
+    meanwhile). The block calls what it is given before its first step: it awaits
+    the children and returns the parts that could not start or failed, which the run
+    then compiles itself; the block ending early (refused, interrupted) ends the
+    children with it."""
     children: dict[str, subprocess.Popen | None] = {}
     try:
-        for part in PARTS:
+        for part in PARTS if parts is None else parts:
             children[part] = _started(part)
 
         def finish() -> list[str]:
@@ -92,19 +93,13 @@ def compile_absgrad() -> list[str]:
     """AbsGS's compositing backward compiled in a child process; pre: the other
     kernels are cached (``compiling`` ended). ["absgrad"] where the child could not
     start or failed (the run then compiles it itself), else []."""
-    child = None
-    try:
-        child = _started("absgrad")
-        return ["absgrad"] if child is None or child.wait() != 0 else []
-    finally:
-        if child is not None and child.poll() is None:  # an interrupt ends it too
-            child.kill()
-            child.wait()
+    with compiling(["absgrad"]) as finish:
+        return finish()
 
 
 def _started(part: str) -> subprocess.Popen | None:
-    """A child compiling ``part`` (of ``PARTS``, or "absgrad"), or None where it could
-    not start."""
+    """A child compiling ``part`` (of ``CHILD_PARTS``), or None where it could not
+    start."""
     package_root = Path(__file__).resolve().parents[2]  # a child imports this splatscale
     try:
         return subprocess.Popen([sys.executable, "-m", __name__, part], cwd=package_root,
@@ -164,7 +159,13 @@ def pixels_part(absgrad: bool = False) -> None:
     (out.rgb.sum() + out.alpha.sum() + out.depth.sum()).backward()
 
 
+def absgrad_part() -> None:
+    """AbsGS's compositing backward (the pixels' part with ``absgrad``)."""
+    pixels_part(absgrad=True)
+
+
 PARTS = {"geometry": geometry_part, "loss": loss_part, "pixels": pixels_part}
+CHILD_PARTS = {**PARTS, "absgrad": absgrad_part}
 
 if __name__ == "__main__":
-    {**PARTS, "absgrad": lambda: pixels_part(absgrad=True)}[sys.argv[1]]()
+    CHILD_PARTS[sys.argv[1]]()
