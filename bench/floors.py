@@ -93,9 +93,9 @@ def bytes_per(counts: dict) -> dict:
         # written
         "projection_backward": v * (2 * PARAMETERS * FLOAT + splat_values * FLOAT),
         "statistics": v * (2 * FLOAT + 8) + n * 2 * FLOAT,
-        # each visible Gaussian's parameters, gradients and both moments read, and
-        # parameters and moments written
-        "adam": v * PARAMETERS * 7 * FLOAT,
+        # every Gaussian's parameters, gradients and both moments read, and parameters
+        # and moments written (3DGS's Adam steps every row, seen or not)
+        "adam": n * PARAMETERS * 7 * FLOAT,
     }
 
 
