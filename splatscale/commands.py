@@ -42,8 +42,8 @@ from splatscale.model.ply import read_extras, write_ply, write_splat
 from splatscale.model.spz import write_spz
 from splatscale.backends import cuda as cuda_backend
 from splatscale.render import render as render_view
-from splatscale.backends.cpu_compile import (ABSGRAD_CHECKED, compile_absgrad, compiling,
-                                             kernels_cached)
+from splatscale.backends.cpu_compile import (compile_variants, compiling, kernels_cached,
+                                             missing_variants)
 from splatscale.strategy import check_settings
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
@@ -373,11 +373,12 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
         if cold:
             notice("compiling the CPU kernels (once: later runs reuse them)")
         failed = group.agreed(finish_compile or list, ranks)
-        if args.device == "cpu" and trainer.strategy.absgrad:
-            # AbsGS's backward apart, by each machine's first rank, now that the kernels
-            # it shares with the others are cached.
+        if args.device == "cpu":
+            # What only some runs call apart, by each machine's first rank, now that the
+            # kernels it shares with the others are cached.
             first = ranks is None or ranks.local_rank == 0
-            failed += group.agreed(_compiled_absgrad if first else list, ranks)
+            failed += group.agreed(partial(_compiled_variants, trainer) if first else list,
+                                   ranks)
         if failed:
             notice(f"the compile of {', '.join(failed)} failed apart: this run compiles "
                    "it itself, and may round otherwise than later runs")
@@ -391,12 +392,18 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
         print(json.dumps(report))
 
 
-def _compiled_absgrad() -> list[str]:
-    """AbsGS's backward compiled where the cache lacks it (``compile_absgrad``)."""
-    if kernels_cached(ABSGRAD_CHECKED):
+def _compiled_variants(trainer: Trainer) -> list[str]:
+    """The kernels ``trainer``'s settings and cameras want beyond a default run's,
+    compiled where the cache lacks them (``compile_variants``)."""
+    missing = missing_variants(
+        absgrad=trainer.strategy.absgrad,
+        fisheye=any(view.camera.model == "fisheye" for view in trainer.scene.views))
+    if not missing:
         return []
-    notice("compiling AbsGS's CPU kernel (once: later runs reuse it)")
-    return compile_absgrad()
+    names = {"absgrad": "AbsGS's", "fisheye": "fisheye cameras'"}
+    notice(f"compiling {' and '.join(names[name] for name in missing)} CPU kernels "
+           "(once: later runs reuse them)")
+    return compile_variants(missing)
 
 
 def _prepared(args: Namespace, ranks: group.Membership | None, where: Placement | None,

@@ -17,6 +17,7 @@ from splatscale.cli import build_parser, main
 from splatscale.train.progress import TimeLeft, duration_text
 from splatscale.train.summary import summary
 from tests.conftest import HANG_GUARD, data_path
+from tests.test_fisheye_commands import fisheye_colmap_scene
 
 TOTAL, DENSIFY_FROM, GROWTH_ENDS = 30_000, 500, 15_000
 
@@ -162,27 +163,33 @@ def test_a_first_run_trains_the_model_later_runs_train(tmp_path, flags):
     assert first == later
 
 
-ABSGRAD_RUN = """
+VARIANT_RUN = """
 import sys
 from splatscale.cli import main
-from splatscale.render import compositing_kernels
+from splatscale.render import compositing_kernels, projection_kernels
 
-code = main(["train", sys.argv[2], "--iterations", "2", "--resolution", "8", "--quiet",
-             "--absgrad", "--cache-dir", sys.argv[3], "--output", sys.argv[1]])
-stats = compositing_kernels.backward_with_absgrad.stats
-print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))
+flags = {"absgrad": ["--absgrad", "--resolution", "8"], "fisheye": []}[sys.argv[4]]
+code = main(["train", sys.argv[2], "--iterations", "2", "--quiet", *flags, "--cache-dir",
+             sys.argv[3], "--output", sys.argv[1]])
+kernel = {"absgrad": compositing_kernels.backward_with_absgrad,
+          "fisheye": projection_kernels.project_backward}[sys.argv[4]]
+print(sum(kernel.stats.cache_hits.values()), sum(kernel.stats.cache_misses.values()))
 sys.exit(code)
 """
 
 
 @pytest.mark.slow  # a whole first compile
-def test_a_first_absgrad_run_loads_absgrad_s_backward_from_the_cache(tmp_path):
-    """AbsGS's backward is compiled apart, once the run's settings want it: on an
-    empty cache the run still loads it from the cache (compiled in a child), as
-    every later run does, and compiles none of it itself."""
+@pytest.mark.parametrize("variant", ["absgrad", "fisheye"])
+def test_a_first_run_loads_the_kernels_its_settings_want_from_the_cache(tmp_path, variant):
+    """What only some runs call (AbsGS's backward, the fisheye projection) is compiled
+    apart, once the run's settings and cameras want it: on an empty cache the run
+    still loads it from the cache (compiled in a child), as every later run does, and
+    compiles none of it itself."""
+    scene = (fisheye_colmap_scene(tmp_path / "scene") if variant == "fisheye"
+             else data_path("snowmiku"))
     done = subprocess.run(
-        [sys.executable, "-c", ABSGRAD_RUN, str(tmp_path / "run"), str(data_path("snowmiku")),
-         str(tmp_path / "images")],
+        [sys.executable, "-c", VARIANT_RUN, str(tmp_path / "run"), str(scene),
+         str(tmp_path / "images"), variant],
         capture_output=True, text=True, timeout=HANG_GUARD,
         env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")})
     assert done.returncode == 0, done.stderr

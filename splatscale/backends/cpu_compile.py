@@ -10,9 +10,10 @@ the argument types, and so the specialisations cached, are training's own): the
 geometry (visibility, projection, SH), the loss with Adam, and the pixels
 (binning, compositing), each in a child process. Three parts, not two, on two
 cores: the operating system shares the cores among them, so the last ends near
-half the whole, where two halves of unequal size wait on the larger. AbsGS's
-compositing backward, which only ``--absgrad`` runs call, is a part of its own
-(``compile_absgrad``), compiled once a run's settings say they want it.
+half the whole, where two halves of unequal size wait on the larger. What only
+some runs call is a part of its own (``VARIANTS``: AbsGS's compositing backward,
+the projection's fisheye code), compiled once a run's settings say they want it
+(``compile_variants``).
 
 The run itself compiles none of them: it loads every kernel from the cache, as
 every later run does. A kernel compiled with numba's fast-math flags rounds
@@ -26,6 +27,7 @@ else depends on them.
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import torch
+from numba import types
 
 from splatscale.backends.cpu import BACKEND
 from splatscale.data.cameras import Camera
@@ -50,16 +53,27 @@ CHECKED = (compositing_kernels.forward, compositing_kernels.backward,
            projection_kernels.project_backward, sh_kernels._colors_of,
            sh_kernels._color_gradients_of, ssim._ssim_value_and_grad)
 ABSGRAD_CHECKED = (compositing_kernels.backward_with_absgrad,)
+# Their fisheye versions: those taking an array of cameras' models, not None.
+FISHEYE_CHECKED = (projection_kernels.visibility, projection_kernels.project_backward)
 WIDTH, HEIGHT, COUNT = 40, 30, 16
 
 
-def kernels_cached(kernels: tuple = CHECKED) -> bool:
+def kernels_cached(kernels: tuple = CHECKED, array_for: str | None = None) -> bool:
     """True when each of ``kernels`` has a compiled version cached for its source as
-    it is now (numba reads an index whose stamp is stale as empty)."""
+    it is now (numba reads an index whose stamp is stale as empty); with
+    ``array_for``, a version taking an array for that argument."""
     try:
-        return all(kernel._cache._cache_file._load_index() for kernel in kernels)
+        return all(_version_cached(kernel, array_for) for kernel in kernels)
     except (AttributeError, OSError):  # numba's cache internals moved: say nothing
         return True
+
+
+def _version_cached(kernel, array_for: str | None) -> bool:
+    signatures = [key[0] for key in kernel._cache._cache_file._load_index()]
+    if array_for is None:
+        return bool(signatures)
+    position = list(inspect.signature(kernel.py_func).parameters).index(array_for)
+    return any(isinstance(signature[position], types.Array) for signature in signatures)
 
 
 @contextmanager
@@ -89,11 +103,17 @@ def compiling(parts: Iterable[str] | None = None) -> Iterator[Callable[[], list[
             child.wait()
 
 
-def compile_absgrad() -> list[str]:
-    """AbsGS's compositing backward compiled in a child process; pre: the other
-    kernels are cached (``compiling`` ended). ["absgrad"] where the child could not
-    start or failed (the run then compiles it itself), else []."""
-    with compiling(["absgrad"]) as finish:
+def missing_variants(absgrad: bool, fisheye: bool) -> list[str]:
+    """The ``VARIANTS`` a run wants (AbsGS's, fisheye cameras') that the cache lacks."""
+    wanted = {"absgrad": absgrad, "fisheye": fisheye}
+    return [name for name, (_, cached) in VARIANTS.items() if wanted[name] and not cached()]
+
+
+def compile_variants(names: list[str]) -> list[str]:
+    """``VARIANTS`` ``names`` compiled in child processes; pre: the other kernels are
+    cached (``compiling`` ended). Those whose child could not start or failed (the run
+    then compiles them itself)."""
+    with compiling(names) as finish:
         return finish()
 
 
@@ -109,21 +129,21 @@ def _started(part: str) -> subprocess.Popen | None:
         return None
 
 
-def _camera() -> Camera:
+def _camera(model: str = "pinhole") -> Camera:
     K = torch.tensor([[32.0, 0.0, WIDTH / 2], [0.0, 32.0, HEIGHT / 2], [0.0, 0.0, 1.0]])
-    return Camera(torch.eye(4), K, WIDTH, HEIGHT, "compile")
+    return Camera(torch.eye(4), K, WIDTH, HEIGHT, "compile", model)
 
 
-def geometry_part() -> None:
+def geometry_part(fisheye: bool = False) -> None:
     """A step's visibility test, projection and SH, forward and backward, on float32
-    Gaussians."""
+    Gaussians; with ``fisheye``, through a fisheye camera."""
     generator = torch.Generator().manual_seed(0)
     model = GaussianModel(
         torch.rand(COUNT, 3, generator=generator) - 0.5 + torch.tensor([0.0, 0.0, 3.0]),
         torch.rand(COUNT, 4, generator=generator), torch.full((COUNT, 3), -2.0),
         torch.zeros(COUNT), torch.rand(COUNT, 1, 3, generator=generator),
         torch.zeros(COUNT, SH_REST, 3)).requires_grad_(True)
-    splats = project(model, [_camera()])
+    splats = project(model, [_camera("fisheye" if fisheye else "pinhole")])
     outputs = (splats.means2d, splats.conics, splats.colors, splats.depths, splats.opacities)
     torch.autograd.backward([t.sum() for t in outputs])
 
@@ -164,8 +184,16 @@ def absgrad_part() -> None:
     pixels_part(absgrad=True)
 
 
+def fisheye_part() -> None:
+    """The projection's fisheye code (the geometry's part through a fisheye camera)."""
+    geometry_part(fisheye=True)
+
+
 PARTS = {"geometry": geometry_part, "loss": loss_part, "pixels": pixels_part}
-CHILD_PARTS = {**PARTS, "absgrad": absgrad_part}
+# Each with whether the cache holds it.
+VARIANTS = {"absgrad": (absgrad_part, lambda: kernels_cached(ABSGRAD_CHECKED)),
+            "fisheye": (fisheye_part, lambda: kernels_cached(FISHEYE_CHECKED, "fisheye"))}
+CHILD_PARTS = {**PARTS, **{name: part for name, (part, _) in VARIANTS.items()}}
 
 if __name__ == "__main__":
     CHILD_PARTS[sys.argv[1]]()

@@ -26,7 +26,7 @@ from splatscale.render import projection_kernels, sh_kernels
 from splatscale.render.dense_gradients import zeros_like
 from splatscale.render.sh import sh_to_color
 from splatscale.render.splats import (Splats, camera_centres, camera_offsets, camera_tensors,
-                                     fisheye_cameras)
+                                     fisheye_or_none)
 
 
 def quat_to_rotmat(quats: Tensor) -> Tensor:
@@ -200,8 +200,8 @@ def _ewa_pairs(means: Tensor, quats: Tensor, log_scales: Tensor, viewmats: Tenso
 
 class _EwaPairs(torch.autograd.Function):
     """``_ewa_pairs`` of the pairs (gaussian_ids, camera_ids), by numba kernels: one
-    pass over the pairs each way, only the inputs saved. ``fisheye`` [C] bool: the
-    cameras with the equidistant projection."""
+    pass over the pairs each way, only the inputs saved. ``fisheye``: the cameras with
+    the equidistant projection, as ``fisheye_or_none``."""
 
     @staticmethod
     def forward(ctx, means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes,
@@ -211,17 +211,17 @@ class _EwaPairs(torch.autograd.Function):
         depths = torch.empty(count, dtype=dtype)
         compensations = torch.empty(count if antialiased else 0, dtype=dtype)
         inputs = [t.detach().contiguous() for t in (means, quats, log_scales, gaussian_ids,
-                                                    camera_ids, viewmats, Ks, sizes, fisheye)]
-        projection_kernels.project_forward(*(t.numpy() for t in inputs), antialiased,
-                                           means2d.numpy(), conics.numpy(), depths.numpy(),
-                                           compensations.numpy())
+                                                    camera_ids, viewmats, Ks, sizes)]
+        projection_kernels.project_forward(*(t.numpy() for t in inputs), _numpy_or_none(fisheye),
+                                           antialiased, means2d.numpy(), conics.numpy(),
+                                           depths.numpy(), compensations.numpy())
         ctx.save_for_backward(*inputs)
-        ctx.antialiased = antialiased
+        ctx.fisheye, ctx.antialiased = fisheye, antialiased
         return means2d, conics, depths, compensations if antialiased else None
 
     @staticmethod
     def backward(ctx, v_means2d, v_conics, v_depths, v_compensations):
-        means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes, fisheye = (
+        means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes = (
             ctx.saved_tensors)
         pairs = len(gaussian_ids)
         zero = torch.zeros((), dtype=means.dtype)
@@ -233,9 +233,13 @@ class _EwaPairs(torch.autograd.Function):
         projection_kernels.project_backward(
             means.numpy(), quats.numpy(), log_scales.numpy(), gaussian_ids.numpy(),
             camera_offsets(camera_ids, len(viewmats)).numpy(), viewmats.numpy(), Ks.numpy(),
-            sizes.numpy(), fisheye.numpy(), ctx.antialiased, *grads, v_means.numpy(),
+            sizes.numpy(), _numpy_or_none(ctx.fisheye), ctx.antialiased, *grads, v_means.numpy(),
             v_quats.numpy(), v_log_scales.numpy())
         return v_means, v_quats, v_log_scales, None, None, None, None, None, None, None
+
+
+def _numpy_or_none(t: Tensor | None):
+    return None if t is None else t.contiguous().numpy()
 
 
 def _sh_colors(means: Tensor, sh0: Tensor, shN: Tensor, gaussian_ids: Tensor,
@@ -308,16 +312,15 @@ def _geometry_tensors(model: Geometry, cameras: list[Camera]
 def visibility_cpu(model: Geometry, cameras: list[Camera]) -> Visibility:
     """``visibility`` by the numba kernel (CPU tensors)."""
     return _visibility_kernel(*_geometry_tensors(model, cameras),
-                              fisheye=fisheye_cameras(cameras, model.means.device),
+                              fisheye=fisheye_or_none(cameras, model.means.device),
                               antialiased=model.antialiased)
 
 
 @torch.no_grad()
 def visibility_torch(model: Geometry, cameras: list[Camera]) -> Visibility:
     """``visibility`` in torch operations, on any device: every pair projected at once."""
-    fisheye = (fisheye_cameras(cameras, model.means.device)
-               if any(c.model == "fisheye" for c in cameras) else None)
-    return _visibility_torch(*_geometry_tensors(model, cameras), fisheye=fisheye,
+    return _visibility_torch(*_geometry_tensors(model, cameras),
+                             fisheye=fisheye_or_none(cameras, model.means.device),
                              antialiased=model.antialiased)
 
 
@@ -339,10 +342,9 @@ def _visibility_kernel(*tensors: Tensor, fisheye: Tensor | None = None,
     cameras, count = len(tensors[4]), len(tensors[0])
     radii = torch.empty(cameras, count, 2, dtype=torch.int32)
     visible = torch.empty(cameras, count, dtype=torch.bool)
-    if fisheye is None:
-        fisheye = torch.zeros(cameras, dtype=torch.bool)
     projection_kernels.visibility(*(t.detach().contiguous().numpy() for t in tensors),
-                                  fisheye.numpy(), antialiased, radii.numpy(), visible.numpy())
+                                  _numpy_or_none(fisheye), antialiased, radii.numpy(),
+                                  visible.numpy())
     return Visibility(radii, visible)
 
 
@@ -370,7 +372,7 @@ def project_cpu(model: GaussianModel, cameras: list[Camera],
     # backward) follows what is on screen, not the size of the model.
     means2d, conics, depths, compensations = _EwaPairs.apply(
         model.means, model.quats, model.log_scales, gaussian_ids, camera_ids, viewmats, Ks,
-        sizes, fisheye_cameras(cameras, model.means.device), model.antialiased)
+        sizes, fisheye_or_none(cameras, model.means.device), model.antialiased)
     colors = _ShColors.apply(model.means, model.sh0, model.shN, gaussian_ids, camera_ids,
                              camera_centres(viewmats), model.sh_degree)
     opacities = sigmoid(model.opacity_logits.index_select(0, gaussian_ids))

@@ -13,7 +13,9 @@ follow it operation for operation:
     anti-aliased: compensation = sqrt(max(0, det(cov2d - eps2d I) / det cov2d))
 
 A fisheye camera (``fisheye[c]``) has the equidistant projection instead, as
-gsplat 1.5.3's CUDA kernel computes it (``fisheye_proj``, no frustum clamp):
+gsplat 1.5.3's CUDA kernel computes it (``fisheye_proj``, no frustum clamp). Where no
+camera is a fisheye, ``fisheye`` is None: numba then prunes the fisheye code before
+it compiles, and a run of pinhole cameras never compiles it.
 
     theta = atan2(|(x, y)| + eps, z + eps);  means2d = f theta (x, y) / (|(x, y)| + eps) + c
     J its Jacobian, from x^2 + eps, y^2 and z (gsplat's ``fisheye_proj``)
@@ -184,7 +186,7 @@ def _forward_pairs(lo, hi, means, quats, log_scales, gaussian_ids, camera_ids, v
         x, y, z = camera_point(means, g, viewmats, c)
         _, _, _, _, _, rot = _rotation(quats, g)
         scale = _scales(log_scales, g)
-        if fisheye[c]:
+        if fisheye is not None and fisheye[c]:
             means2d[i, 0], means2d[i, 1], jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
             _write_pair(i, jw, rot, scale, antialiased, conics, compensations)
         else:
@@ -199,8 +201,9 @@ def _forward_pairs(lo, hi, means, quats, log_scales, gaussian_ids, camera_ids, v
 def project_forward(means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes,
                     fisheye, antialiased, means2d, conics, depths,
                     compensations):  # pragma: no cover - compiled
-    """``fisheye`` [C] bool: the cameras with the equidistant projection;
-    ``compensations`` is written only where ``antialiased`` (else it may be empty)."""
+    """``fisheye`` [C] bool: the cameras with the equidistant projection, or None (no
+    camera is one); ``compensations`` is written only where ``antialiased`` (else it
+    may be empty)."""
     pairs = gaussian_ids.shape[0]
     for chunk in prange((pairs + CHUNK - 1) // CHUNK):
         _forward_pairs(chunk * CHUNK, min(pairs, (chunk + 1) * CHUNK), means, quats, log_scales,
@@ -385,7 +388,7 @@ def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats,
                     fisheye, antialiased, v_means2d, v_conics, v_depths, v_compensations,
                     v_means, v_quats, v_log_scales):  # pragma: no cover - compiled
     """Pairs [lo, hi), all of camera c: each one's gradient added to its Gaussian's rows."""
-    if fisheye[c]:
+    if fisheye is not None and fisheye[c]:
         for i in range(lo, hi):
             g = gaussian_ids[i]
             _add_gradient(g, _fisheye_pair_gradient(
@@ -477,7 +480,7 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
                 continue
             # Most Gaussians of a large scene are out of a view's sight: the bound rules
             # them out before their shape and opacity are computed.
-            if not fisheye[c] and not (
+            if (fisheye is None or not fisheye[c]) and not (
                     pinhole_axis_may_see(x, z, 0.0, z, largest, Ks[c, 0, 0], Ks[c, 0, 2], width)
                     and pinhole_axis_may_see(y, z, 0.0, z, largest, Ks[c, 1, 1], Ks[c, 1, 2],
                                              height)):
@@ -491,7 +494,7 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
                 described = True
             if opacity < ALPHA_MIN:
                 continue
-            if fisheye[c]:
+            if fisheye is not None and fisheye[c]:
                 mx, my, jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
                 rx, ry, seen = _box(jw, rot, scale, mx, my, width, height, opacity, sigmas,
                                     antialiased)
@@ -507,7 +510,8 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
 def visibility(means, quats, log_scales, opacity_logits, viewmats, Ks, sizes, fisheye,
                antialiased, radii, visible):  # pragma: no cover - compiled
     """``projection._radii_and_visibility`` of every (camera, Gaussian) pair: the box's
-    radii [C, N, 2] (0 where invisible) and the test [C, N]; ``fisheye`` [C] bool."""
+    radii [C, N, 2] (0 where invisible) and the test [C, N]; ``fisheye`` [C] bool, or
+    None."""
     count = means.shape[0]
     for chunk in prange((count + CHUNK - 1) // CHUNK):
         _visibility_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), means, quats, log_scales,

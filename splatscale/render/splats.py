@@ -77,3 +77,11 @@ def camera_offsets(camera_ids: Tensor, cameras: int) -> Tensor:
     """[cameras + 1]: where each camera's rows start in camera-major ``camera_ids``."""
     counts = torch.bincount(camera_ids, minlength=cameras)
     return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+
+
+def fisheye_or_none(cameras: Sequence[Camera], device: torch.device) -> Tensor | None:
+    """``fisheye_cameras``, or None where every camera is a pinhole (the projection
+    kernels then compile without their fisheye code)."""
+    if any(camera.model == "fisheye" for camera in cameras):
+        return fisheye_cameras(cameras, device)
+    return None
