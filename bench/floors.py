@@ -9,17 +9,19 @@ measured time (``profile_step``'s medians, the same process) over its floor.
 The step is ``bench/growth.py``'s garden view at ``--gaussians`` (rows in space
 order, SH degree 0: a step of a run's first thousand images). Its work is
 counted on that view: the Gaussians (N), the splats in view (V), the tile
-intersections (I), the pixels (P) and the pixel-splat pairs compositing
-evaluates, in the blocks binning lets in (forward) and in those the forward
-narrows them to (backward). A stage must read its inputs once and write its
-outputs once (``bytes_per``; what a kernel with no re-reads, fused with its
-neighbours, would move); its operations per unit (``OPERATIONS``) are those of
-its kernels as written, counted by hand from the source, with each exp or log
-counted as 15 (a vectorised polynomial's cost, as compositing's exp). Binning's
-sort and scattered writes, and Adam, are counted by their bytes alone.
+intersections (I), the pixels (P) and the pixel-splat pairs of the blocks binning
+lets in (the forward evaluates these, less the blocks whose pixels have all
+stopped) and of those the forward narrows them to (the backward evaluates these).
+A stage must read its inputs once and write its outputs once (``bytes_per``; what
+a kernel with no re-reads, fused with its neighbours, would move); its operations
+per unit (``OPERATIONS``) are those of its kernels as written, counted by hand
+from the source, with each exp or log counted as 15 (a vectorised polynomial's
+cost, as compositing's exp). Binning's sort and scattered writes, and Adam, are
+counted by their bytes alone.
 
-Also printed: the pairs a per-pixel rasteriser (gsplat's) evaluates, each
-splat of a pixel's tile up to the pixel's last contributor.
+Also printed: the pairs a per-pixel rasteriser's backward (gsplat's) evaluates,
+each splat of a pixel's tile up to the pixel's last contributor (its forward
+evaluates at least as many).
 """
 
 from __future__ import annotations
@@ -42,8 +44,9 @@ from profile_step import GardenView, profile
 from report import emit
 from scenes import garden_scene
 
-FLOAT = 4
+FLOAT, ID = 4, 8
 PARAMETERS = 59  # a Gaussian's float32 values: mean 3, quat 4, scale 3, opacity 1, SH 48
+DEGREE_0 = 14  # those a step at SH degree 0 reads: all but SH's 45 of the higher bands
 # (unit, operations per unit): each stage's arithmetic, counted from its kernels.
 OPERATIONS = {
     # visibility per Gaussian (camera point 18, image bound 30); per splat in view the
@@ -55,14 +58,14 @@ OPERATIONS = {
     "binning": (("splats", 20), ("intersections", 24)),
     # per pair evaluated: offsets 2, sigma 5, exp 15, alpha 2, T and stop 4, four
     # channels 8, T and last 4
-    "compositing": (("forward_pairs", 40),),
+    "compositing": (("binned_pairs", 40),),
     # L1 and SSIM per pixel: five planes of three channels blurred by 11 taps twice
     # (660), the gradient's three planes blurred back (396), the per-pixel formulas 40
     "loss": (("pixels", 1096),),
     # per pair evaluated: as the forward to alpha 24, un-blend 3 (a division),
     # four colour gradients 8, the dot with the colours 8, alpha's gradient 6,
     # opacity 2, sigma 2, five running sums 8
-    "compositing_backward": (("backward_pairs", 61),),
+    "compositing_backward": (("narrowed_pairs", 61),),
     # per splat: conic to cov2d 12, cov2d to J W, rotation and scale 150, quaternion
     # normalisation 40, three exp 45, mean through the camera 40, SH degree 0 6
     "projection_backward": (("splats", 293),),
@@ -71,28 +74,28 @@ OPERATIONS = {
 
 
 def bytes_per(counts: dict) -> dict:
-    """Each stage's bytes: inputs read once, outputs written once (float32; ids int64,
-    block masks one byte)."""
+    """Each stage's bytes: inputs read once, outputs written once (float32; splat ids
+    int64, block masks one byte)."""
     n, v, i, p = counts["gaussians"], counts["splats"], counts["intersections"], counts["pixels"]
     splat_values = 10  # means2d 2, conic 3, colour 3, depth, opacity
     return {
         "image": 3 * FLOAT * p,
         # every Gaussian's mean, quaternion, scale and opacity; each splat's SH band 0,
         # id, radii and values written
-        "projection": 11 * FLOAT * n + v * (3 * FLOAT + 8 + 2 * FLOAT + splat_values * FLOAT),
+        "projection": 11 * FLOAT * n + v * (3 * FLOAT + ID + 2 * FLOAT + splat_values * FLOAT),
         # splat values, radii and keys read; each intersection's splat id and blocks
-        "binning": v * (8 * FLOAT + 2 * FLOAT + 8) + i * (FLOAT + 1),
+        "binning": v * (8 * FLOAT + 2 * FLOAT + ID) + i * (ID + 1),
         # splats and intersections read; colour, depth, T and last contributor written
-        "compositing": v * splat_values * FLOAT + i * (FLOAT + 1) + p * 6 * FLOAT,
+        "compositing": v * splat_values * FLOAT + i * (ID + 1) + p * 6 * FLOAT,
         "loss": 3 * 3 * FLOAT * p,  # image and target read, its gradient written
         # splats, intersections, the image's gradients, T and last read; the splats'
         # gradients written
-        "compositing_backward": (2 * v * splat_values * FLOAT + i * (FLOAT + 1)
+        "compositing_backward": (2 * v * splat_values * FLOAT + i * (ID + 1)
                                  + p * 7 * FLOAT),
-        # the visible Gaussians' parameters and splat gradients read, their gradients
-        # written
-        "projection_backward": v * (2 * PARAMETERS * FLOAT + splat_values * FLOAT),
-        "statistics": v * (2 * FLOAT + 8) + n * 2 * FLOAT,
+        # the splats' gradients and their Gaussians' values in use read, the Gaussians'
+        # gradients written
+        "projection_backward": v * (2 * DEGREE_0 * FLOAT + splat_values * FLOAT),
+        "statistics": v * (2 * FLOAT + ID) + n * 2 * FLOAT,
         # every Gaussian's parameters, gradients and both moments read, and parameters
         # and moments written (3DGS's Adam steps every row, seen or not)
         "adam": n * PARAMETERS * 7 * FLOAT,
@@ -179,9 +182,9 @@ def work_counts(model, camera) -> dict:
     block = compositing_kernels.BLOCK
     return {"gaussians": len(model), "splats": len(splats.means2d),
             "intersections": len(bins.splat_ids), "pixels": shape[0] * shape[1],
-            "forward_pairs": block * popcount(bins.blocks.numpy()),
-            "backward_pairs": block * popcount(narrowed),
-            "per_pixel_rasteriser_pairs": int(np.maximum(last - starts + 1, 0).sum())}
+            "binned_pairs": block * popcount(bins.blocks.numpy()),
+            "narrowed_pairs": block * popcount(narrowed),
+            "per_pixel_backward_pairs": int(np.maximum(last - starts + 1, 0).sum())}
 
 
 def floors(measured: dict, counts: dict, memory_rate: float, arithmetic_rate: float) -> dict:
