@@ -53,27 +53,28 @@ CHECKED = (compositing_kernels.forward, compositing_kernels.backward,
            projection_kernels.project_backward, sh_kernels._colors_of,
            sh_kernels._color_gradients_of, ssim._ssim_value_and_grad)
 ABSGRAD_CHECKED = (compositing_kernels.backward_with_absgrad,)
-# Their fisheye versions: those taking an array of cameras' models, not None.
 FISHEYE_CHECKED = (projection_kernels.visibility, projection_kernels.project_backward)
 WIDTH, HEIGHT, COUNT = 40, 30, 16
 
 
-def kernels_cached(kernels: tuple = CHECKED, array_for: str | None = None) -> bool:
+def kernels_cached(kernels: tuple = CHECKED, fisheye: bool = False) -> bool:
     """True when each of ``kernels`` has a compiled version cached for its source as
-    it is now (numba reads an index whose stamp is stale as empty); with
-    ``array_for``, a version taking an array for that argument."""
+    it is now (numba reads an index whose stamp is stale as empty); of a projection
+    kernel, the version for fisheye cameras (``fisheye``) or for pinholes alone
+    (which takes None for them)."""
     try:
-        return all(_version_cached(kernel, array_for) for kernel in kernels)
-    except (AttributeError, OSError):  # numba's cache internals moved: say nothing
+        return all(_version_cached(kernel, fisheye) for kernel in kernels)
+    except Exception:  # numba's cache internals moved, or an index is torn: say nothing
         return True
 
 
-def _version_cached(kernel, array_for: str | None) -> bool:
+def _version_cached(kernel, fisheye: bool) -> bool:
     signatures = [key[0] for key in kernel._cache._cache_file._load_index()]
-    if array_for is None:
+    parameters = list(inspect.signature(kernel.py_func).parameters)
+    if "fisheye" not in parameters:
         return bool(signatures)
-    position = list(inspect.signature(kernel.py_func).parameters).index(array_for)
-    return any(isinstance(signature[position], types.Array) for signature in signatures)
+    position, wanted = parameters.index("fisheye"), types.Array if fisheye else types.NoneType
+    return any(isinstance(signature[position], wanted) for signature in signatures)
 
 
 @contextmanager
@@ -192,7 +193,7 @@ def fisheye_part() -> None:
 PARTS = {"geometry": geometry_part, "loss": loss_part, "pixels": pixels_part}
 # Each with whether the cache holds it.
 VARIANTS = {"absgrad": (absgrad_part, lambda: kernels_cached(ABSGRAD_CHECKED)),
-            "fisheye": (fisheye_part, lambda: kernels_cached(FISHEYE_CHECKED, "fisheye"))}
+            "fisheye": (fisheye_part, lambda: kernels_cached(FISHEYE_CHECKED, fisheye=True))}
 CHILD_PARTS = {**PARTS, **{name: part for name, (part, _) in VARIANTS.items()}}
 
 if __name__ == "__main__":
