@@ -10,7 +10,7 @@ from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project
 from splatscale.render.sh import sh_to_color
-from splatscale.render.splats import fisheye_cameras
+from splatscale.render.splats import fisheye_or_none
 from tests.conftest import (assert_radii_match, data_path, gsplat_kernel_boxes, orbit_cameras,
                             pairs_of, random_model)
 
@@ -71,7 +71,7 @@ def test_projection_kernels_equal_the_torch_projection(wide_scene):
     leaves = [t.detach().clone().requires_grad_(True)
               for t in (model.means, model.quats, model.log_scales)]
     ours = _EwaPairs.apply(*leaves, gaussian_ids, camera_ids, viewmats, Ks, sizes,
-                           fisheye_cameras(cameras, CPU), False)[:3]
+                           fisheye_or_none(cameras, CPU), False)[:3]
     reference = _ewa_pairs(*(t[gaussian_ids] for t in leaves), viewmats[camera_ids],
                            Ks[camera_ids], sizes[camera_ids])[:3]
     for a, b in zip(ours, reference):
@@ -115,7 +115,7 @@ def test_projection_kernels_pass_gradcheck(wide_scene):
               for t in (small.means, small.quats, small.log_scales)]
     assert torch.autograd.gradcheck(
         lambda *p: _EwaPairs.apply(*p, gaussian_ids, camera_ids, viewmats, Ks, sizes,
-                                   fisheye_cameras(cameras, CPU), False)[:3], leaves)
+                                   fisheye_or_none(cameras, CPU), False)[:3], leaves)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
