@@ -27,7 +27,6 @@ evaluates at least as many).
 from __future__ import annotations
 
 import argparse
-import time
 
 import numba
 import numpy as np
@@ -39,6 +38,7 @@ from splatscale.render.binning import bin_tiles
 from splatscale.render.conventions import TILE_SIZE
 from splatscale.render.rasterize import _kernel_inputs
 
+from adam import best_seconds
 from growth import scaled, stored
 from profile_step import GardenView, profile
 from report import emit
@@ -130,16 +130,6 @@ def _multiply_adds(rounds: int, lanes: int) -> np.ndarray:  # pragma: no cover -
 def _add_into(a: np.ndarray, b: np.ndarray) -> None:  # pragma: no cover - compiled
     for i in numba.prange(a.shape[0]):
         a[i] += np.float32(0.5) * b[i]
-
-
-def best_seconds(call, repeats: int) -> float:
-    call()  # compiled, memory touched
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def vector_rate(repeats: int) -> float:
