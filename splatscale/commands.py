@@ -42,8 +42,8 @@ from splatscale.model.ply import read_extras, write_ply, write_splat
 from splatscale.model.spz import write_spz
 from splatscale.backends import cuda as cuda_backend
 from splatscale.render import render as render_view
-from splatscale.backends.cpu_compile import (compile_variants, compiling, kernels_cached,
-                                             missing_variants)
+from splatscale.backends.cpu_compile import (VARIANTS, compile_variants, compiling,
+                                             kernels_cached, missing_variants)
 from splatscale.strategy import check_settings
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
@@ -400,9 +400,8 @@ def _compiled_variants(trainer: Trainer) -> list[str]:
         fisheye=any(view.camera.model == "fisheye" for view in trainer.scene.views))
     if not missing:
         return []
-    names = {"absgrad": "AbsGS's", "fisheye": "fisheye cameras'"}
-    notice(f"compiling {' and '.join(names[name] for name in missing)} CPU kernels "
-           "(once: later runs reuse them)")
+    whose = " and ".join(VARIANTS[name].whose for name in missing)
+    notice(f"compiling {whose} CPU kernels (once: later runs reuse them)")
     return compile_variants(missing)
 
 

@@ -32,7 +32,7 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NamedTuple
 
 import torch
 from numba import types
@@ -107,7 +107,7 @@ def compiling(parts: Iterable[str] | None = None) -> Iterator[Callable[[], list[
 def missing_variants(absgrad: bool, fisheye: bool) -> list[str]:
     """The ``VARIANTS`` a run wants (AbsGS's, fisheye cameras') that the cache lacks."""
     wanted = {"absgrad": absgrad, "fisheye": fisheye}
-    return [name for name, (_, cached) in VARIANTS.items() if wanted[name] and not cached()]
+    return [name for name, variant in VARIANTS.items() if wanted[name] and not variant.cached()]
 
 
 def compile_variants(names: list[str]) -> list[str]:
@@ -190,11 +190,21 @@ def fisheye_part() -> None:
     geometry_part(fisheye=True)
 
 
+class Variant(NamedTuple):
+    """A part only some runs want: what compiles it, whether the cache holds it, and
+    whose kernels it is (as a run says it compiles them)."""
+
+    part: Callable[[], None]
+    cached: Callable[[], bool]
+    whose: str
+
+
 PARTS = {"geometry": geometry_part, "loss": loss_part, "pixels": pixels_part}
-# Each with whether the cache holds it.
-VARIANTS = {"absgrad": (absgrad_part, lambda: kernels_cached(ABSGRAD_CHECKED)),
-            "fisheye": (fisheye_part, lambda: kernels_cached(FISHEYE_CHECKED, fisheye=True))}
-CHILD_PARTS = {**PARTS, **{name: part for name, (part, _) in VARIANTS.items()}}
+VARIANTS = {
+    "absgrad": Variant(absgrad_part, lambda: kernels_cached(ABSGRAD_CHECKED), "AbsGS's"),
+    "fisheye": Variant(fisheye_part, lambda: kernels_cached(FISHEYE_CHECKED, fisheye=True),
+                       "fisheye cameras'")}
+CHILD_PARTS = {**PARTS, **{name: variant.part for name, variant in VARIANTS.items()}}
 
 if __name__ == "__main__":
     CHILD_PARTS[sys.argv[1]]()
