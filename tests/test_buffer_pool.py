@@ -4,6 +4,7 @@ when given back, and a render in kept buffers equals one in fresh ones, bit for 
 from __future__ import annotations
 
 import importlib
+import math
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from splatscale.render.rasterize import composite
 from tests.test_composite import mixed_scene
 
 rasterize_module = importlib.import_module("splatscale.render.rasterize")
+binning_module = importlib.import_module("splatscale.render.binning")
 
 ROWS = MMAP_THRESHOLD // 32  # float32 rows of 16: twice the threshold
 
@@ -77,7 +79,8 @@ class PoisonedPool(BufferPool):
     it, or one lent while its borrower still used it, would show it."""
 
     def give_back(self, lent):
-        torch.empty(0, dtype=lent.dtype).set_(lent.untyped_storage()).fill_(float("nan"))
+        whole = torch.empty(0, dtype=lent.dtype).set_(lent.untyped_storage())
+        whole.fill_(float("nan") if whole.is_floating_point() else torch.iinfo(whole.dtype).max)
         super().give_back(lent)
 
 
@@ -115,6 +118,42 @@ def test_renders_in_kept_buffers_equal_renders_in_fresh_ones(monkeypatch):
     for got, want in zip(kept[2], fresh[2]):
         assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert all(g.abs().max() > 0 and not g.isnan().any() for g in kept[0])
+
+
+def filled(value):
+    """An allocator of buffers filled with ``value``; NaN in an integer buffer is its
+    largest value."""
+    def allocate(count, dtype):
+        if not dtype.is_floating_point and math.isnan(value):
+            return torch.full((count,), torch.iinfo(dtype).max, dtype=dtype)
+        return torch.full((count,), value, dtype=dtype)
+    return allocate
+
+
+def test_binnings_in_kept_buffers_equal_binnings_in_fresh_ones(monkeypatch):
+    """A binning that read an array before writing it would differ from one whose
+    arrays held other values."""
+    monkeypatch.setattr(buffer_pool, "MMAP_THRESHOLD", 0)  # every array pooled
+    made = []
+    poisoned = PoisonedPool(kept=6, allocate=lambda count, dtype: made.append(count)
+                            or filled(float("nan"))(count, dtype))
+    # Each binning after the first reads buffers an earlier one wrote and gave back.
+    for seed in (0, 1, 1):
+        model, camera = mixed_scene(seed)
+        with torch.no_grad():
+            splats = project(model, [camera]).of_camera(0)
+        inputs = (splats.means2d, splats.radii, splats.depths, splats.keys, camera.width,
+                  (0, camera.height), splats.conics, splats.opacities)
+        monkeypatch.setattr(binning_module, "BINNING_SCRATCH", poisoned)
+        allocated = len(made)
+        kept = bin_tiles(*inputs)
+        monkeypatch.setattr(binning_module, "BINNING_SCRATCH",
+                            BufferPool(kept=0, allocate=filled(-1.0)))
+        fresh = bin_tiles(*inputs)
+        for name in ("splat_ids", "blocks", "offsets"):
+            assert torch.equal(getattr(kept, name), getattr(fresh, name))
+    assert len(made) == allocated  # the same view binned again: every array given back
+    assert poisoned.held_bytes() > 0 and len(kept.splat_ids) > 0
 
 
 @pytest.mark.parametrize("grad", [False, True])

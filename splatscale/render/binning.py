@@ -4,13 +4,16 @@ backend's; the cuda backend bins with gsplat's kernels)."""
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import numba
 import numpy as np
 import torch
 from torch import Tensor
 
+from splatscale.render.buffer_pool import BINNING_SCRATCH
 from splatscale.render.conventions import ALPHA_MIN, TILE_SIZE
 from splatscale.render.compositing_kernels import BLOCK_H, BLOCK_W, BLOCKS_X
 from splatscale.render.projection_kernels import CHUNK
@@ -65,22 +68,23 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
     tiles_x = -(-width // TILE_SIZE)
     tile_row0, tile_row1 = y0 // TILE_SIZE, -(-y1 // TILE_SIZE)
     n_tiles = tiles_x * (tile_row1 - tile_row0)
-    with torch.no_grad():
+    with torch.no_grad(), _scratch() as lend:
         # Nearest first, equal depths by key. Ties are rare: they are ordered after the
         # sort, not by a sort of every key first (which took twice the depth sort).
         sorted_bits, order = _sorted_depths(depths.detach())
         _order_ties_by_key(sorted_bits, keys.contiguous().numpy(), order)
         # Each splat's inputs in one row, in depth order: the rows are gathered at once
         # (one read a splat, many in flight) and then read in sequence.
-        splats = _sorted_rows(order, means2d, radii, conics, opacities)
-        boxes = np.empty((len(order), 4), np.int32)
+        splats = _sorted_rows(order, means2d, radii, conics, opacities, lend)
+        boxes = lend(len(order), 4, torch.int32)
         _sorted_boxes(splats, tiles_x, tile_row0, tile_row1, boxes)
         # Each splat's tiles, row by row of its box: a span of columns per row, and in each
         # of the row's rows of blocks the span of block columns (image-wide, inclusive).
-        row_starts = np.zeros(len(order) + 1, np.int64)
+        row_starts = lend(len(order) + 1, 1, torch.int64).reshape(-1)
+        row_starts[0] = 0
         np.cumsum(boxes[:, 3] - boxes[:, 2], out=row_starts[1:])
-        spans = np.empty((row_starts[-1], 2), np.int32)
-        block_spans = np.empty((row_starts[-1], BLOCK_ROWS, 2), np.int32)
+        spans = lend(row_starts[-1], 2, torch.int32)
+        block_spans = lend(row_starts[-1], BLOCK_ROWS * 2, torch.int32).reshape(-1, BLOCK_ROWS, 2)
         if conics is None or opacities is None:
             _box_spans(boxes, row_starts, spans, block_spans)
         else:
@@ -90,6 +94,25 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
                                                  numba.get_num_threads())
     return TileBins(torch.from_numpy(splat_ids), torch.from_numpy(blocks),
                     torch.from_numpy(offsets), tiles_x, tile_row0, tile_row1 - tile_row0)
+
+
+@contextmanager
+def _scratch() -> Iterator[Callable[[int, int, torch.dtype], np.ndarray]]:
+    """``lend(rows, width, dtype)``: an uninitialised [rows, width] array from
+    ``BINNING_SCRATCH``; every array lent is given back on leaving. A step's binning
+    arrays (hundreds of megabytes at millions of splats) are then faulted in once, not
+    every step (``buffer_pool``)."""
+    lent: list[Tensor] = []
+
+    def lend(rows: int, width: int, dtype: torch.dtype) -> np.ndarray:
+        lent.append(BINNING_SCRATCH.lend(int(rows), width, dtype))
+        return lent[-1].numpy()
+
+    try:
+        yield lend
+    finally:
+        for buffer in lent:
+            BINNING_SCRATCH.give_back(buffer)
 
 
 def _sorted_depths(depths: Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -103,20 +126,19 @@ def _sorted_depths(depths: Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sorted_rows(order: np.ndarray, means2d: Tensor, radii: Tensor, conics: Tensor | None,
-                 opacities: Tensor | None) -> np.ndarray:
+                 opacities: Tensor | None, lend) -> np.ndarray:
     """[len(order), SPLAT_WIDTH] of means2d's dtype: splat order[i]'s x, y, radius x,
-    radius y and, where given, conic (a, b, c) and opacity (else unset)."""
+    radius y and, where given, conic (a, b, c) and opacity (else unset); the arrays
+    ``lend`` (``_scratch``)."""
     means = means2d.detach().contiguous().numpy()
     if conics is None or opacities is None:
         conics, opacities = means2d.new_empty((0, 3)), means2d.new_empty(0)
     if not conics.dtype == opacities.dtype == means2d.dtype:
         raise ValueError("bin_tiles takes means2d, conics and opacities of one dtype")
-    # Allocated by numpy, as the other arrays here: numpy asks the kernel for huge
-    # pages, where an array numba allocates is faulted in by the 4 KiB page.
-    rows = np.empty((len(means), SPLAT_WIDTH), means.dtype)
+    rows = lend(len(means), SPLAT_WIDTH, means2d.dtype)
     _pack_rows(means, radii.contiguous().numpy(), conics.detach().contiguous().numpy(),
                opacities.detach().contiguous().numpy(), rows)
-    gathered = np.empty_like(rows)
+    gathered = lend(len(means), SPLAT_WIDTH, means2d.dtype)
     _gather_rows(order, rows, gathered)
     return gathered
 

@@ -14,7 +14,9 @@ is freed as any tensor is. So the pool never holds a buffer that is lent.
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -25,12 +27,18 @@ from splatscale.allocator import MMAP_THRESHOLD
 HEADROOM = 1.25
 
 
+def _torch_empty(count: int, dtype: torch.dtype) -> Tensor:
+    return torch.empty(count, dtype=dtype)
+
+
 class BufferPool:
     """Up to ``kept`` buffers given back, each lent again to a request it fits; a new
-    buffer ``headroom`` times the size asked for."""
+    buffer ``headroom`` times the size asked for, made by ``allocate(count, dtype)``
+    (flat, uninitialised)."""
 
-    def __init__(self, kept: int = 4, headroom: float = HEADROOM) -> None:
-        self.kept, self.headroom = kept, headroom
+    def __init__(self, kept: int = 4, headroom: float = HEADROOM,
+                 allocate: Callable[[int, torch.dtype], Tensor] = _torch_empty) -> None:
+        self.kept, self.headroom, self.allocate = kept, headroom, allocate
         self._free: list[Tensor] = []  # flat, each its storage's whole length
         # The addresses of the buffers lent (one never given back stays: a few integers,
         # as freed memory is mapped again at the same addresses).
@@ -43,14 +51,14 @@ class BufferPool:
         mapping threshold is always new (glibc keeps such memory itself)."""
         count = rows * width
         if count == 0 or count * dtype.itemsize < MMAP_THRESHOLD:
-            return torch.empty((rows, width), dtype=dtype)
+            return self.allocate(count, dtype).view(rows, width)
         with self._lock:
             fitting = [b for b in self._free if b.dtype == dtype and b.numel() >= count]
             if fitting:
                 buffer = min(fitting, key=Tensor.numel)
                 self._drop(buffer)
             else:
-                buffer = torch.empty(int(count * self.headroom), dtype=dtype)
+                buffer = self.allocate(int(count * self.headroom), dtype)
                 # Outgrown: the largest that no longer fits (the one this request had).
                 smaller = [b for b in self._free if b.dtype == dtype]
                 if smaller:
@@ -92,5 +100,13 @@ def _nbytes(buffer: Tensor) -> int:
     return buffer.numel() * buffer.dtype.itemsize
 
 
+def huge_paged(count: int, dtype: torch.dtype) -> Tensor:
+    """A buffer numpy allocates: numpy asks the kernel for huge pages for a large array
+    (torch does not), and scattered reads and writes then miss the TLB less."""
+    return torch.from_numpy(np.empty(count, torch.empty(0, dtype=dtype).numpy().dtype))
+
+
 # The cpu backend's packed intersections (``rasterize``).
 INTERSECTION_ROWS = BufferPool()
+# The cpu backend's binning temporaries (``binning``): its rows, boxes and spans.
+BINNING_SCRATCH = BufferPool(kept=6, allocate=huge_paged)
