@@ -57,6 +57,60 @@ def test_batch_of_one_is_torch_adam(dtype):
         torch.testing.assert_close(ours[n], theirs[n], **tolerance)
 
 
+def stepped_with_zeros_for_none(grads: list[dict[str, Tensor | None]]) -> list[Rows]:
+    """Two optimisers over the same float32 groups, stepped with ``grads`` step by
+    step: one given each gradient absent (None) as it is, the other an explicit zero
+    in its place. Returns their rows."""
+    g = torch.Generator().manual_seed(1)
+    start = {n: torch.randn(6, 3, generator=g) for n in ("a", "b")}
+    stepped = []
+    for as_zero in (False, True):
+        params = {n: t.clone().requires_grad_(True) for n, t in start.items()}
+        rows, optimizer = Rows.of(params), GaussianAdam(params)
+        for step in grads:
+            for n, grad in step.items():
+                params[n].grad = (torch.zeros(6, 3) if grad is None and as_zero
+                                  else None if grad is None else grad.clone())
+            optimizer.step(rows, {"a": 0.01, "b": 0.003})
+        assert optimizer.steps == {"a": len(grads), "b": len(grads)}
+        stepped.append(rows)
+    return stepped
+
+
+def assert_rows_equal(ours: Rows, theirs: Rows) -> None:
+    for n in ours.params:
+        assert torch.equal(ours.params[n], theirs.params[n])
+        for kind in ours.moments:
+            assert torch.equal(ours.moments[kind][n], theirs.moments[kind][n])
+
+
+def test_a_group_without_a_gradient_steps_as_with_a_zero_one():
+    """At rest (zero moments) it keeps its values, and its count goes on for the
+    bias correction of its first gradient; after gradients it moves by its momentum."""
+    g = torch.Generator().manual_seed(2)
+    grad = lambda: torch.randn(6, 3, generator=g)  # noqa: E731
+    grads = [{"a": grad(), "b": None}, {"a": grad(), "b": None}, {"a": None, "b": grad()},
+             {"a": grad(), "b": None}, {"a": None, "b": None}, {"a": grad(), "b": grad()}]
+    ours, theirs = stepped_with_zeros_for_none(grads)
+    assert_rows_equal(ours, theirs)
+
+
+def test_moments_written_by_torch_are_read_again():
+    """A group found at rest is not taken to be at rest after its moments change."""
+    params = {"a": torch.ones(4, 2, requires_grad=True)}
+    rows, optimizer = Rows.of(params), GaussianAdam(params)
+    optimizer.step(rows, {"a": 0.1})  # no gradient, at rest: nothing moves
+    assert torch.equal(params["a"], torch.ones(4, 2))
+    rows.moments["exp_avg"]["a"][0] = 1.0  # in place
+    rows.moments["exp_avg_sq"]["a"][0] = 1.0
+    optimizer.step(rows, {"a": 0.1})
+    assert (params["a"][0] < 1).all() and torch.equal(params["a"][1:], torch.ones(3, 2))
+    rows.moments["exp_avg"]["a"] = torch.ones(4, 2)  # replaced
+    rows.moments["exp_avg_sq"]["a"] = torch.ones(4, 2)
+    optimizer.step(rows, {"a": 0.1})
+    assert (params["a"][1:] < 1).all()
+
+
 @pytest.mark.parametrize("batch", [1, 4, 16])
 def test_events_fire_by_images_seen(batch):
     """Over 3000 images every schedule fires the same number of times whatever B, on

@@ -272,17 +272,20 @@ class _ShColors(torch.autograd.Function):
     @staticmethod
     def backward(ctx, v_colors):
         means, sh0, shN, gaussian_ids, camera_ids, centres = ctx.saved_tensors
-        # Degree 0 has no direction: the kernel writes no means gradient, and none is
-        # returned (an empty array in its place).
-        grads = [zeros_like(means) if ctx.degree > 0 else means.new_empty((0, 3)),
-                 zeros_like(sh0), zeros_like(shN)]
+        # Degree 0 has no direction and uses no coefficient of shN: the kernel writes
+        # neither gradient, and none is returned (empty arrays in their place). Adam
+        # then knows shN's gradient is zero without a pass over it (``GaussianAdam``).
+        directed = ctx.degree > 0
+        grads = [zeros_like(means) if directed else means.new_empty((0, 3)), zeros_like(sh0),
+                 zeros_like(shN) if directed else shN.new_empty((0, *shN.shape[1:]))]
         sh_kernels.sh_backward(means.numpy(), sh0.numpy(), shN.numpy(), ctx.degree,
                                gaussian_ids.numpy(),
                                camera_offsets(camera_ids, len(centres)).numpy(),
                                centres.numpy(), v_colors.contiguous().numpy(),
                                *(g.numpy() for g in grads))
-        v_means = grads[0] if ctx.degree > 0 else None
-        return v_means, grads[1], grads[2], None, None, None, None
+        if not directed:
+            return None, grads[1], None, None, None, None, None
+        return grads[0], grads[1], grads[2], None, None, None, None
 
 
 class Geometry(Protocol):

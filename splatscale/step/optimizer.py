@@ -16,6 +16,7 @@ the row set (``step/row_set.py``), edited with the parameters.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import AbstractSet, Iterable, Protocol
 
@@ -60,14 +61,16 @@ class AdamRows(Protocol):
 class GaussianAdam:
     """Adam's bookkeeping for named groups: each group's step count and the batch
     size (``state_dict``'s schema: ``steps`` and ``batch_size``). ``step`` takes one
-    dense step of every row of the groups that have a gradient, with ``backend``'s
-    ``adam_step`` (None: the backend of the parameters' device)."""
+    dense step of every row of its groups, with ``backend``'s ``adam_step`` (None: the
+    backend of the parameters' device)."""
 
     def __init__(self, groups: Iterable[str], batch_size: int = 1,
                  backend: Backend | None = None) -> None:
         self.batch_size = batch_size
         self.steps = {name: 0 for name in groups}
         self.backend = backend
+        # By group: its two moments as last read, and whether they were zero then.
+        self._rest: dict[str, list[tuple[weakref.ref, int, bool]]] = {}
 
     def hyper(self, lr: float) -> AdamHyper:
         return batch_hyperparameters(lr, self.batch_size)
@@ -85,20 +88,37 @@ class GaussianAdam:
     @torch.no_grad()
     def step(self, rows: AdamRows, learning_rates: dict[str, float],
              skipped: AbstractSet[str] = frozenset()) -> None:
-        """One Adam step of every group that has a gradient, but ``skipped`` (groups
-        whose tensor was replaced after their gradient was taken); gradients cleared."""
+        """One Adam step of every group but ``skipped`` (groups whose tensor was
+        replaced after their gradient was taken); gradients cleared. A group without a
+        gradient steps as with a zero one: its rows still move by their momentum
+        (torch's Adam would skip it)."""
         for name, param in rows.params.items():
-            if param.grad is None or name in skipped:
+            if name in skipped:
                 continue
             h = self.hyper(learning_rates[name])
             scale, root_bias2 = step_factors(h, self.count_step(name))
+            moments = (rows.moments["exp_avg"][name], rows.moments["exp_avg_sq"][name])
+            if param.grad is None and self._at_rest(name, moments):
+                continue  # zero moments and a zero gradient: the step changes nothing
+            grad = param.grad if param.grad is not None else torch.zeros_like(param)
+            self._rest.pop(name, None)  # written below, through numpy: torch cannot tell
             backend = self.backend or backend_for(param.device)
-            backend.adam_step(param.detach().view(-1),
-                              rows.moments["exp_avg"][name].view(-1),
-                              rows.moments["exp_avg_sq"][name].view(-1), param.grad.view(-1),
-                              scale, root_bias2, h.beta1, h.beta2, h.eps)
+            backend.adam_step(param.detach().view(-1), moments[0].view(-1), moments[1].view(-1),
+                              grad.view(-1), scale, root_bias2, h.beta1, h.beta2, h.eps)
         for param in rows.params.values():
             param.grad = None
+
+    def _at_rest(self, name: str, moments: tuple[Tensor, Tensor]) -> bool:
+        """Whether both moments of group ``name`` are zero everywhere (as at the start,
+        for SH coefficients a run does not use yet). Read once, then known while the
+        same tensors stand with no write torch has counted (``_version``) since."""
+        known = self._rest.get(name)
+        if known is not None and all(ref() is t and version == t._version
+                                     for (ref, version, _), t in zip(known, moments)):
+            return known[0][2]
+        at_rest = not any(bool(t.any()) for t in moments)
+        self._rest[name] = [(weakref.ref(t), t._version, at_rest) for t in moments]
+        return at_rest
 
     def state_dict(self) -> dict:
         return {"steps": dict(self.steps), "batch_size": self.batch_size}
