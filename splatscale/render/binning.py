@@ -23,6 +23,8 @@ BLOCK_ROWS = TILE_SIZE // BLOCK_H  # rows of blocks in a row of tiles
 SHORT_RUN = 32  # equal depths up to this many are ordered by insertion
 SPLAT_WIDTH = 8  # a splat's row (``_sorted_rows``): half a cache line in float32
 
+Lend = Callable[[int, int, torch.dtype], np.ndarray]  # ``_scratch``'s
+
 
 @dataclass
 class TileBins:
@@ -97,7 +99,7 @@ def bin_tiles(means2d: Tensor, radii: Tensor, depths: Tensor, keys: Tensor, widt
 
 
 @contextmanager
-def _scratch() -> Iterator[Callable[[int, int, torch.dtype], np.ndarray]]:
+def _scratch() -> Iterator[Lend]:
     """``lend(rows, width, dtype)``: an uninitialised [rows, width] array from
     ``BINNING_SCRATCH``; every array lent is given back on leaving. A step's binning
     arrays (hundreds of megabytes at millions of splats) are then faulted in once, not
@@ -126,7 +128,7 @@ def _sorted_depths(depths: Tensor) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sorted_rows(order: np.ndarray, means2d: Tensor, radii: Tensor, conics: Tensor | None,
-                 opacities: Tensor | None, lend) -> np.ndarray:
+                 opacities: Tensor | None, lend: Lend) -> np.ndarray:
     """[len(order), SPLAT_WIDTH] of means2d's dtype: splat order[i]'s x, y, radius x,
     radius y and, where given, conic (a, b, c) and opacity (else unset); the arrays
     ``lend`` (``_scratch``)."""
