@@ -45,8 +45,9 @@ from report import emit
 from scenes import garden_scene
 
 FLOAT, ID = 4, 8
-PARAMETERS = 59  # a Gaussian's float32 values: mean 3, quat 4, scale 3, opacity 1, SH 48
-DEGREE_0 = 14  # those a step at SH degree 0 reads: all but SH's 45 of the higher bands
+# A Gaussian's float32 values a step at SH degree 0 reads: mean 3, quat 4, scale 3,
+# opacity 1, SH's first band 3 (not the 45 of the higher bands).
+DEGREE_0 = 14
 # (unit, operations per unit): each stage's arithmetic, counted from its kernels.
 OPERATIONS = {
     # visibility per Gaussian (camera point 18, image bound 30); per splat in view the
@@ -96,9 +97,10 @@ def bytes_per(counts: dict) -> dict:
         # gradients written
         "projection_backward": v * (2 * DEGREE_0 * FLOAT + splat_values * FLOAT),
         "statistics": v * (2 * FLOAT + ID) + n * 2 * FLOAT,
-        # every Gaussian's parameters, gradients and both moments read, and parameters
-        # and moments written (3DGS's Adam steps every row, seen or not)
-        "adam": n * PARAMETERS * 7 * FLOAT,
+        # every Gaussian's values in use, their gradients and both moments read, and
+        # values and moments written (3DGS's Adam steps every row, seen or not; SH's
+        # higher bands, with no gradient and zero moments until degree 1, stay as they are)
+        "adam": n * DEGREE_0 * 7 * FLOAT,
     }
 
 
