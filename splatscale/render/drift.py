@@ -55,7 +55,7 @@ from torch import Tensor
 from splatscale.data.cameras import Camera
 from splatscale.render.conventions import EPS2D, FAR_PLANE, FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS
 from splatscale.render.projection_kernels import (CHUNK, SLACK_PIXELS, camera_point,
-                                                  pinhole_axis_may_see)
+                                                  frustum_limits, pinhole_axis_may_see)
 from splatscale.render.splats import camera_tensors, fisheye_cameras
 
 FISHEYE_MARGIN = 1.01  # the fisheye extent's, for gsplat's eps in its Jacobian
@@ -139,15 +139,15 @@ def candidates_cpu(means: Tensor, log_scales: Tensor, reach_means: Tensor,
 @numba.njit(parallel=True, nogil=True, cache=True)
 def _candidates(means, log_scales, reach_means, reach_scales, viewmats, Ks, sizes, fisheye,
                 keep):  # pragma: no cover - compiled
-    count = means.shape[0]
+    count, limits = means.shape[0], frustum_limits(Ks, sizes)
     for chunk in prange((count + CHUNK - 1) // CHUNK):
         _candidates_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), means, log_scales,
-                       reach_means, reach_scales, viewmats, Ks, sizes, fisheye, keep)
+                       reach_means, reach_scales, viewmats, Ks, sizes, limits, fisheye, keep)
 
 
 @numba.njit(nogil=True, cache=True)
 def _candidates_of(lo, hi, means, log_scales, reach_means, reach_scales, viewmats, Ks, sizes,
-                   fisheye, keep):  # pragma: no cover - compiled
+                   limits, fisheye, keep):  # pragma: no cover - compiled
     """Gaussians [lo, hi) of ``_candidates``: the torch code's bound, in float64 (its
     sums in another order, so a Gaussian exactly on the bound's edge may be decided
     either way: both ways keep every Gaussian the exact test may keep)."""
@@ -170,9 +170,10 @@ def _candidates_of(lo, hi, means, log_scales, reach_means, reach_scales, viewmat
                                         sizes[c, 1])
             else:
                 seen = (pinhole_axis_may_see(x, z, reach, near, largest, Ks[c, 0, 0],
-                                              Ks[c, 0, 2], sizes[c, 0])
+                                             Ks[c, 0, 2], sizes[c, 0], (limits[c, 0], limits[c, 1]))
                         and pinhole_axis_may_see(y, z, reach, near, largest, Ks[c, 1, 1],
-                                                  Ks[c, 1, 2], sizes[c, 1]))
+                                                 Ks[c, 1, 2], sizes[c, 1],
+                                                 (limits[c, 2], limits[c, 3])))
             if seen:
                 keep[g] = True
                 break

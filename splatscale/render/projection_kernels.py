@@ -79,10 +79,26 @@ def camera_point(means, g, viewmats, c):  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always")
-def _clamped(offset, z, focal, centre, size):  # pragma: no cover - compiled
-    """(t, whether the clamp held it): t = z clamp(offset / z, -lim_neg, lim_pos)."""
+def _frustum_limits(focal, centre, size):  # pragma: no cover - compiled
+    """(lim_pos, lim_neg) along one axis: 1.3 times the frustum (gsplat's)."""
     margin = (FRUSTUM_CLAMP - 1.0) * 0.5 * size / focal
-    high, low = (size - centre) / focal + margin, centre / focal + margin
+    return (size - centre) / focal + margin, centre / focal + margin
+
+
+@numba.njit(inline="always")
+def frustum_limits(Ks, sizes):  # pragma: no cover - compiled
+    """[C, 4] float64: each camera's ``_frustum_limits`` in x, then in y. Once per camera,
+    not per pair: they are eight of a pair's divisions, which the kernels wait on."""
+    limits = np.empty((Ks.shape[0], 4))
+    for c in range(Ks.shape[0]):
+        limits[c, 0], limits[c, 1] = _frustum_limits(Ks[c, 0, 0], Ks[c, 0, 2], sizes[c, 0])
+        limits[c, 2], limits[c, 3] = _frustum_limits(Ks[c, 1, 1], Ks[c, 1, 2], sizes[c, 1])
+    return limits
+
+
+@numba.njit(inline="always")
+def _clamped(offset, z, high, low):  # pragma: no cover - compiled
+    """(t, whether the clamp held it): t = z clamp(offset / z, -low, high)."""
     ratio = offset / z
     if ratio > high:
         return z * high, True
@@ -92,10 +108,12 @@ def _clamped(offset, z, focal, centre, size):  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always")
-def _jw_rows(viewmats, Ks, sizes, c, x, y, z):  # pragma: no cover - compiled
-    fx, fy, cx, cy = Ks[c, 0, 0], Ks[c, 1, 1], Ks[c, 0, 2], Ks[c, 1, 2]
-    tx, held_x = _clamped(x, z, fx, cx, sizes[c, 0])
-    ty, held_y = _clamped(y, z, fy, cy, sizes[c, 1])
+def _jw_rows(viewmats, Ks, limits, c, x, y, z):  # pragma: no cover - compiled
+    """J W's rows, t (x and y, clamped) and whether each clamp held; ``limits``:
+    ``frustum_limits``."""
+    fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
+    tx, held_x = _clamped(x, z, limits[c, 0], limits[c, 1])
+    ty, held_y = _clamped(y, z, limits[c, 2], limits[c, 3])
     u0, w0, u1, w1 = fx / z, fx * tx / (z * z), fy / z, fy * ty / (z * z)
     jw = (u0 * viewmats[c, 0, 0] - w0 * viewmats[c, 2, 0],
           u0 * viewmats[c, 0, 1] - w0 * viewmats[c, 2, 1],
@@ -178,7 +196,7 @@ def _write_pair(i, jw, rot, scale, antialiased, conics,
 
 @numba.njit(nogil=True, cache=True)
 def _forward_pairs(lo, hi, means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks,
-                   sizes, fisheye, antialiased, means2d, conics, depths,
+                   limits, fisheye, antialiased, means2d, conics, depths,
                    compensations):  # pragma: no cover - compiled
     """Pairs [lo, hi): means2d, conic, depth and (``antialiased``) compensation."""
     for i in range(lo, hi):
@@ -190,7 +208,7 @@ def _forward_pairs(lo, hi, means, quats, log_scales, gaussian_ids, camera_ids, v
             means2d[i, 0], means2d[i, 1], jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
             _write_pair(i, jw, rot, scale, antialiased, conics, compensations)
         else:
-            pinhole_jw, _, _, _, _ = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
+            pinhole_jw, _, _, _, _ = _jw_rows(viewmats, Ks, limits, c, x, y, z)
             means2d[i, 0] = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
             means2d[i, 1] = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
             _write_pair(i, pinhole_jw, rot, scale, antialiased, conics, compensations)
@@ -204,10 +222,10 @@ def project_forward(means, quats, log_scales, gaussian_ids, camera_ids, viewmats
     """``fisheye`` [C] bool: the cameras with the equidistant projection, or None (no
     camera is one); ``compensations`` is written only where ``antialiased`` (else it
     may be empty)."""
-    pairs = gaussian_ids.shape[0]
+    pairs, limits = gaussian_ids.shape[0], frustum_limits(Ks, sizes)
     for chunk in prange((pairs + CHUNK - 1) // CHUNK):
         _forward_pairs(chunk * CHUNK, min(pairs, (chunk + 1) * CHUNK), means, quats, log_scales,
-                       gaussian_ids, camera_ids, viewmats, Ks, sizes, fisheye, antialiased,
+                       gaussian_ids, camera_ids, viewmats, Ks, limits, fisheye, antialiased,
                        means2d, conics, depths, compensations)
 
 
@@ -276,14 +294,14 @@ def _parameter_gradient(viewmats, c, v_x, v_y, v_z, qw, qx, qy, qz, norm, r, b,
 
 
 @numba.njit(inline="always")
-def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c, antialiased,
+def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, limits, c, antialiased,
                    v_means2d, v_conics, v_depths, v_compensations,
                    i):  # pragma: no cover - compiled
     """d loss / d (mean 3, quat 4, log-scale 3) of pair i (Gaussian g, pinhole camera c),
     as a 10-tuple."""
     fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
     x, y, z = camera_point(means, g, viewmats, c)
-    jw, tx, ty, held_x, held_y = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
+    jw, tx, ty, held_x, held_y = _jw_rows(viewmats, Ks, limits, c, x, y, z)
     qw, qx, qy, qz, norm, rot = _rotation(quats, g)
     b, v_b, v_jw0, v_jw1, r = _cov2d_gradient(jw, rot, _scales(log_scales, g), antialiased,
                                               v_conics, v_compensations, i)
@@ -384,7 +402,7 @@ def _add_gradient(g, grad, v_means, v_quats, v_log_scales):  # pragma: no cover 
 
 
 @numba.njit(nogil=True, cache=True)
-def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats, Ks, sizes,
+def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats, Ks, limits,
                     fisheye, antialiased, v_means2d, v_conics, v_depths, v_compensations,
                     v_means, v_quats, v_log_scales):  # pragma: no cover - compiled
     """Pairs [lo, hi), all of camera c: each one's gradient added to its Gaussian's rows."""
@@ -397,7 +415,7 @@ def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats,
         return
     for i in range(lo, hi):
         g = gaussian_ids[i]
-        _add_gradient(g, _pair_gradient(means, quats, log_scales, g, viewmats, Ks, sizes, c,
+        _add_gradient(g, _pair_gradient(means, quats, log_scales, g, viewmats, Ks, limits, c,
                                         antialiased, v_means2d, v_conics, v_depths,
                                         v_compensations, i), v_means, v_quats, v_log_scales)
 
@@ -413,11 +431,12 @@ def project_backward(means, quats, log_scales, gaussian_ids, camera_offsets, vie
     camera: a Gaussian has at most one pair per camera, so a camera's pairs run in
     parallel and each Gaussian's sum follows the camera order whatever the number of
     threads."""
+    limits = frustum_limits(Ks, sizes)
     for c in range(camera_offsets.shape[0] - 1):
         lo, hi = camera_offsets[c], camera_offsets[c + 1]
         for chunk in prange((hi - lo + CHUNK - 1) // CHUNK):
             _backward_pairs(lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK), c, means,
-                            quats, log_scales, gaussian_ids, viewmats, Ks, sizes, fisheye,
+                            quats, log_scales, gaussian_ids, viewmats, Ks, limits, fisheye,
                             antialiased, v_means2d, v_conics, v_depths, v_compensations,
                             v_means, v_quats, v_log_scales)
 
@@ -442,15 +461,14 @@ def _box(jw, rot, scale, mx, my, width, height, opacity, sigmas,
 
 
 @numba.njit(inline="always")
-def pinhole_axis_may_see(offset, z, reach, near, largest, focal, centre,
-                          size):  # pragma: no cover - compiled
+def pinhole_axis_may_see(offset, z, reach, near, largest, focal, centre, size,
+                         limits):  # pragma: no cover - compiled
     """Whether the box of a splat whose camera-space centre lies within ``reach`` of
     (``offset``, ``z``) along one axis, nearer than ``near`` (beyond the near plane),
     with no scale above ``largest``, may meet the image along that axis: a bound of
     ``_box``'s test (render/drift.py says why it holds; ``reach`` 0: a Gaussian
-    where it is)."""
-    margin = (FRUSTUM_CLAMP - 1.0) * 0.5 * size / focal
-    limit = max((size - centre) / focal, centre / focal) + margin
+    where it is). ``limits``: the axis's ``_frustum_limits``."""
+    limit = max(limits[0], limits[1])
     low = high = (offset - reach) / (z - reach)
     for a in (-1.0, 1.0):
         for b in (-1.0, 1.0):
@@ -463,7 +481,7 @@ def pinhole_axis_may_see(offset, z, reach, near, largest, focal, centre,
 
 @numba.njit(nogil=True, cache=True)
 def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, Ks, sizes,
-                   fisheye, antialiased, radii, visible):  # pragma: no cover - compiled
+                   limits, fisheye, antialiased, radii, visible):  # pragma: no cover - compiled
     """Gaussians [lo, hi)'s columns of ``visibility``. An anti-aliased splat is drawn
     with opacity times its compensation: its box and the opacity cull take that. A
     fisheye camera's pairs have the near plane, box and image test of a pinhole's (as
@@ -481,9 +499,10 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
             # Most Gaussians of a large scene are out of a view's sight: the bound rules
             # them out before their shape and opacity are computed.
             if (fisheye is None or not fisheye[c]) and not (
-                    pinhole_axis_may_see(x, z, 0.0, z, largest, Ks[c, 0, 0], Ks[c, 0, 2], width)
+                    pinhole_axis_may_see(x, z, 0.0, z, largest, Ks[c, 0, 0], Ks[c, 0, 2], width,
+                                         (limits[c, 0], limits[c, 1]))
                     and pinhole_axis_may_see(y, z, 0.0, z, largest, Ks[c, 1, 1], Ks[c, 1, 2],
-                                             height)):
+                                             height, (limits[c, 2], limits[c, 3]))):
                 continue
             if not described:
                 _, _, _, _, _, rot = _rotation(quats, g)
@@ -499,7 +518,7 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
                 rx, ry, seen = _box(jw, rot, scale, mx, my, width, height, opacity, sigmas,
                                     antialiased)
             else:
-                pinhole_jw, _, _, _, _ = _jw_rows(viewmats, Ks, sizes, c, x, y, z)
+                pinhole_jw, _, _, _, _ = _jw_rows(viewmats, Ks, limits, c, x, y, z)
                 rx, ry, seen = _box(pinhole_jw, rot, scale, Ks[c, 0, 0] * x / z + Ks[c, 0, 2],
                                     Ks[c, 1, 1] * y / z + Ks[c, 1, 2], width, height, opacity,
                                     sigmas, antialiased)
@@ -512,8 +531,8 @@ def visibility(means, quats, log_scales, opacity_logits, viewmats, Ks, sizes, fi
     """``projection._radii_and_visibility`` of every (camera, Gaussian) pair: the box's
     radii [C, N, 2] (0 where invisible) and the test [C, N]; ``fisheye`` [C] bool, or
     None."""
-    count = means.shape[0]
+    count, limits = means.shape[0], frustum_limits(Ks, sizes)
     for chunk in prange((count + CHUNK - 1) // CHUNK):
         _visibility_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), means, quats, log_scales,
-                       opacity_logits, viewmats, Ks, sizes, fisheye, antialiased, radii,
+                       opacity_logits, viewmats, Ks, sizes, limits, fisheye, antialiased, radii,
                        visible)
