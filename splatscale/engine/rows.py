@@ -66,7 +66,8 @@ class Rows(Protocol):
     def gradients(self) -> dict[str, Tensor]:
         """Pre: ``gradients_taken``. The step's gradient of every row of the groups that
         have one, dense: zero for the rows no view saw; the rows' until ``step``,
-        which may write in them after."""
+        which may write in them after. A group the step has no gradient for (SH's
+        higher bands at degree 0) is absent, or zero: Adam steps both alike."""
         ...
 
     def spare_gradients(self) -> list[Tensor]:
