@@ -69,8 +69,8 @@ class GaussianAdam:
         self.batch_size = batch_size
         self.steps = {name: 0 for name in groups}
         self.backend = backend
-        # By group: its two moments as last read, and whether they were zero then.
-        self._rest: dict[str, list[tuple[weakref.ref, int, bool]]] = {}
+        # By group: whether its two moments were zero when last read, and which they were.
+        self._rest: dict[str, tuple[bool, list[tuple[weakref.ref, int]]]] = {}
 
     def hyper(self, lr: float) -> AdamHyper:
         return batch_hyperparameters(lr, self.batch_size)
@@ -114,10 +114,10 @@ class GaussianAdam:
         same tensors stand with no write torch has counted (``_version``) since."""
         known = self._rest.get(name)
         if known is not None and all(ref() is t and version == t._version
-                                     for (ref, version, _), t in zip(known, moments)):
-            return known[0][2]
+                                     for (ref, version), t in zip(known[1], moments)):
+            return known[0]
         at_rest = not any(bool(t.any()) for t in moments)
-        self._rest[name] = [(weakref.ref(t), t._version, at_rest) for t in moments]
+        self._rest[name] = (at_rest, [(weakref.ref(t), t._version) for t in moments])
         return at_rest
 
     def state_dict(self) -> dict:
