@@ -151,11 +151,14 @@ def main() -> None:
     parser.add_argument("--resolutions", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--model", type=Path, help="a trained snowmiku model (PLY) to profile "
-                        "instead of the jittered SfM points (its SH degree: 3)")
+                        "instead of the jittered SfM points (its SH degree: 3, or --sh-degree)")
     parser.add_argument("--scene", choices=("snowmiku", "garden"), default="snowmiku")
     parser.add_argument("--megapixels", type=float, default=1.0, help="of the garden view")
     parser.add_argument("--space-order", action="store_true",
                         help="each model's rows in the order training keeps them")
+    parser.add_argument("--sh-degree", type=int, choices=range(4),
+                        help="the SH degree in use (default: the model's; a 3DGS run uses 0 "
+                        "for its first 1000 images, then one more each 1000)")
     args = parser.parse_args()
     if args.scene == "garden":
         emit({"scene": "garden", "space_order": args.space_order,
@@ -168,10 +171,13 @@ def main() -> None:
               (init_from_points(*jittered(scene.points, scene.colors, size))
                for size in args.sizes))
     for model in models:
+        if args.sh_degree is not None:
+            model.sh_degree = args.sh_degree
         for resolution in args.resolutions:
             store = ImageStore(scene, resolution=resolution, background=scene.background)
             camera = store.camera(0)
-            runs.append({"gaussians": len(model), "width": camera.width,
+            runs.append({"gaussians": len(model), "sh_degree": model.sh_degree,
+                         "width": camera.width,
                          "height": camera.height,
                          "ms": profile(store, model, args.steps, args.space_order)})
     emit({"scene": "snowmiku", "space_order": args.space_order, "runs": runs})
