@@ -23,6 +23,7 @@ loading left out); splatscale's as ``train.py`` counts it.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -37,6 +38,7 @@ from plyfile import PlyData, PlyElement
 
 from splatscale.data import load_scene
 from splatscale.data.images import ImageStore
+from splatscale.errors import SplatscaleError
 from splatscale.model.files import read_model
 from splatscale.render import render
 from splatscale.train.metrics import ImageMetrics
@@ -73,6 +75,7 @@ def opensplat_run(binary: Path, project: Path, images_dir: Path, images: int,
                "--num-downscales", "0", "--keep-crs", "-o", str(folder / "opensplat.ply")]
     step_times: list[float] = []
     with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as process:
+        assert process.stdout is not None  # stdout=PIPE
         for line in process.stdout:
             if line.startswith("Step ") and len(step_times) < images:
                 step_times.append(time.perf_counter())
@@ -130,8 +133,13 @@ def main() -> None:
     args = parser.parse_args()
     if not 2 <= args.images <= args.schedule:
         parser.error("--images: from 2 to --schedule")
+    if not (args.opensplat.is_file() and os.access(args.opensplat, os.X_OK)):
+        parser.error(f"--opensplat {args.opensplat}: not an executable file")
 
-    scene = load_scene(args.scene)
+    try:
+        scene = load_scene(args.scene)
+    except SplatscaleError as error:
+        parser.error(str(error))
     _, test_ids = scene.split(True)
     with tempfile.TemporaryDirectory() as tmp:
         project = training_copy(args.scene, {scene.views[i].image_path.name for i in test_ids},
