@@ -157,8 +157,8 @@ def main() -> None:
     parser.add_argument("--space-order", action="store_true",
                         help="each model's rows in the order training keeps them")
     parser.add_argument("--sh-degree", type=int, choices=range(4),
-                        help="the SH degree in use (default: the model's; a 3DGS run uses 0 "
-                        "for its first 1000 images, then one more each 1000)")
+                        help="the snowmiku models' SH degree in use (default: their own; "
+                        "a 3DGS run uses 0 for its first 1000 images, then one more each 1000)")
     args = parser.parse_args()
     if args.scene == "garden":
         emit({"scene": "garden", "space_order": args.space_order,
