@@ -466,17 +466,33 @@ def pinhole_axis_may_see(offset, z, reach, near, largest, focal, centre, size,
     """Whether the box of a splat whose camera-space centre lies within ``reach`` of
     (``offset``, ``z``) along one axis, nearer than ``near`` (beyond the near plane),
     with no scale above ``largest``, may meet the image along that axis: a bound of
-    ``_box``'s test (render/drift.py says why it holds; ``reach`` 0: a Gaussian
-    where it is). ``limits``: the axis's ``_frustum_limits``."""
-    limit = max(limits[0], limits[1])
+    ``_box``'s test (render/drift.py says why it holds). ``limits``: the axis's
+    ``_frustum_limits``."""
     low = high = (offset - reach) / (z - reach)
     for a in (-1.0, 1.0):
         for b in (-1.0, 1.0):
             ratio = (offset + a * reach) / (z + b * reach)
             low, high = min(low, ratio), max(high, ratio)
+    return _ratios_may_see(low, high, near, largest, focal, centre, size, limits)
+
+
+@numba.njit(inline="always")
+def _ratios_may_see(low, high, near, largest, focal, centre, size,
+                    limits):  # pragma: no cover - compiled
+    """``pinhole_axis_may_see`` of a centre whose offset / z lies in [low, high]."""
+    limit = max(limits[0], limits[1])
     extent = RADIUS_SIGMAS * math.sqrt((focal / near) ** 2 * (1 + limit ** 2) * largest ** 2
                                        + EPS2D) + SLACK_PIXELS
     return focal * high + centre + extent > 0 and focal * low + centre - extent < size
+
+
+@numba.njit(inline="always")
+def _point_axis_may_see(offset, z, largest, focal, centre, size,
+                        limits):  # pragma: no cover - compiled
+    """``pinhole_axis_may_see`` of a Gaussian where it is (``reach`` 0, ``near`` z), in
+    one division, not five: the same answer (the same division, in float64 as there)."""
+    ratio = np.float64(offset) / np.float64(z)
+    return _ratios_may_see(ratio, ratio, z, largest, focal, centre, size, limits)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -499,10 +515,10 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
             # Most Gaussians of a large scene are out of a view's sight: the bound rules
             # them out before their shape and opacity are computed.
             if (fisheye is None or not fisheye[c]) and not (
-                    pinhole_axis_may_see(x, z, 0.0, z, largest, Ks[c, 0, 0], Ks[c, 0, 2], width,
-                                         (limits[c, 0], limits[c, 1]))
-                    and pinhole_axis_may_see(y, z, 0.0, z, largest, Ks[c, 1, 1], Ks[c, 1, 2],
-                                             height, (limits[c, 2], limits[c, 3]))):
+                    _point_axis_may_see(x, z, largest, Ks[c, 0, 0], Ks[c, 0, 2], width,
+                                        (limits[c, 0], limits[c, 1]))
+                    and _point_axis_may_see(y, z, largest, Ks[c, 1, 1], Ks[c, 1, 2], height,
+                                            (limits[c, 2], limits[c, 3]))):
                 continue
             if not described:
                 _, _, _, _, _, rot = _rotation(quats, g)
