@@ -144,9 +144,11 @@ class ResidentRows:
             return WorkingSet(torch.arange(len(model), device=self.device), model)
         with torch.no_grad():
             seen = self.backend.visibility(model, cameras)
-            kept = seen.visible.any(dim=0).nonzero()[:, 0]
-            if len(kept) > GATHER_SHARE * len(model):
+            in_sight = seen.visible.any(dim=0)
+            # Counted first: most steps render the whole model, and need no list of rows.
+            if int(in_sight.count_nonzero()) > GATHER_SHARE * len(model):
                 return WorkingSet(torch.arange(len(model), device=self.device), model, seen)
+            kept = in_sight.nonzero()[:, 0]
             values = {n: t.detach().index_select(0, kept) for n, t in model.parameters().items()}
             gathered = GaussianModel(**values, sh_degree=model.sh_degree,
                                      keys=model.keys.index_select(0, kept),
