@@ -28,6 +28,7 @@ from splatscale.train.trainer import RunOptions, Trainer
 
 from report import emit
 from scenes import DATA
+from warm import compiled_for
 
 
 def every_8th(views: int) -> tuple[list[int], list[int]]:
@@ -45,6 +46,7 @@ def trained(scene: Scene, resolution: int, antialiased: bool, scale: float,
         trainer = Trainer(scene, store, config,
                           RunOptions(Path(out), progress=False, checkpoint_every=0,
                                      split=every_8th(len(scene.views))))
+        compiled_for(trainer)
         while trainer.images_seen < config.iterations:
             trainer.train_step()
         return concatenated(list(trainer.engine.model_parts()), trainer.sh_degree)

@@ -23,6 +23,7 @@ from splatscale.train.trainer import RunOptions, Trainer
 
 from report import emit
 from scenes import DATA, write_video
+from warm import compiled_for
 
 
 def poses(scene) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -54,6 +55,7 @@ def test_psnr(scene_path: Path, test_names: set[str], images: int) -> float:
         trainer = Trainer(scene, ImageStore(scene, background=scene.background),
                           TrainConfig(iterations=images),
                           RunOptions(Path(out), progress=False, checkpoint_every=0, split=split))
+        compiled_for(trainer)
         while trainer.images_seen < images:
             trainer.train_step()
         return round(trainer.evaluate()["psnr"], 3)

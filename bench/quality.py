@@ -30,6 +30,7 @@ from splatscale.train.trainer import RunOptions, Trainer
 
 from report import emit
 from scenes import DATA
+from warm import compiled_for
 
 TRAIN_SAMPLE = 12  # training views whose PSNR is tracked
 
@@ -125,6 +126,7 @@ def main() -> None:
         trainer = Trainer(scene, store, config,
                           RunOptions(Path(out), progress=False, checkpoint_every=0,
                                      split=split(len(scene.views), args.sparse)))
+        compiled_for(trainer)
         points, changes, seconds = curve(trainer, args.images, args.every)
     name = Path(args.scene).name
     cap = f", at most {args.max_gaussians}" if args.max_gaussians else ""

@@ -41,6 +41,7 @@ from splatscale.train.trainer import RunOptions, Trainer
 from splatscale.viewer.live import LiveRun
 
 from report import emit
+from warm import compiled_for
 
 WARM_UP = 100  # images
 DEFAULT_SCENE = Path(__file__).resolve().parents[1] / "tests" / "data" / "snowmiku"
@@ -92,6 +93,7 @@ def run(scene, batch_size: int, marks: list[int], resolution: int, seed: int,
     with tempfile.TemporaryDirectory() as out, ExitStack() as stack:
         trainer = Trainer(scene, store, config, RunOptions(Path(out), eval_split=True,
                                                            progress=False, checkpoint_every=0))
+        compiled_for(trainer)
         live = stack.enter_context(watched(trainer)) if viewer else None
         result, seconds = {"batch_size": batch_size}, 0.0
         start_gaussians = trainer.engine.num_gaussians()
