@@ -39,6 +39,13 @@ For the same reason the parallel loops run over chunks of pairs (``CHUNK``),
 each one call of a plain loop: numba counts references to the arrays passed to
 a call that it does not inline, and cannot inline these bodies into a parallel
 loop (its array analysis fails on their tuples).
+
+The backward of pinhole pairs runs on the vector units, exactly: ``LANES`` pairs at
+a time, their inputs gathered first into one array a value (with the exponentials,
+which a vector loop would call lane by lane), then the arithmetic over the lanes
+(``_lane_gradients``), each lane doing the very operations of the scalar code, in
+its precisions, so the gradients are the scalar code's to the bit; then the sums
+into the Gaussians' rows, in pair order.
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_
                                            FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS)
 
 CHUNK = 256  # pairs (or Gaussians) per parallel task
+LANES = 64  # pairs the backward takes through its arithmetic at once (``_lane_gradients``)
+LANE_INPUTS = 17  # a lane's values (``_fill_lane``)
 SLACK_PIXELS = 1.0  # the exact box is rounded up to whole pixels, and floats round
 
 
@@ -60,7 +69,12 @@ SLACK_PIXELS = 1.0  # the exact box is rounded up to whole pixels, and floats ro
 def _rotation(quats, g):  # pragma: no cover - compiled
     """Normalised quaternion (w, x, y, z) of Gaussian g, its norm, and R as 9 values,
     row-major."""
-    w, x, y, z = quats[g, 0], quats[g, 1], quats[g, 2], quats[g, 3]
+    return _rotation_of(quats[g, 0], quats[g, 1], quats[g, 2], quats[g, 3])
+
+
+@numba.njit(inline="always")
+def _rotation_of(w, x, y, z):  # pragma: no cover - compiled
+    """``_rotation`` of the quaternion (w, x, y, z)."""
     norm = max(math.sqrt(w * w + x * x + y * y + z * z), 1e-12)
     w, x, y, z = w / norm, x / norm, y / norm, z / norm
     rot = (1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
@@ -71,7 +85,11 @@ def _rotation(quats, g):  # pragma: no cover - compiled
 
 @numba.njit(inline="always")
 def camera_point(means, g, viewmats, c):  # pragma: no cover - compiled
-    m0, m1, m2 = means[g, 0], means[g, 1], means[g, 2]
+    return _camera_point_of(means[g, 0], means[g, 1], means[g, 2], viewmats, c)
+
+
+@numba.njit(inline="always")
+def _camera_point_of(m0, m1, m2, viewmats, c):  # pragma: no cover - compiled
     x = viewmats[c, 0, 0] * m0 + viewmats[c, 0, 1] * m1 + viewmats[c, 0, 2] * m2 + viewmats[c, 0, 3]
     y = viewmats[c, 1, 0] * m0 + viewmats[c, 1, 1] * m1 + viewmats[c, 1, 2] * m2 + viewmats[c, 1, 3]
     z = viewmats[c, 2, 0] * m0 + viewmats[c, 2, 1] * m1 + viewmats[c, 2, 2] * m2 + viewmats[c, 2, 3]
@@ -230,14 +248,15 @@ def project_forward(means, quats, log_scales, gaussian_ids, camera_ids, viewmats
 
 
 @numba.njit(inline="always")
-def _cov2d_gradient(jw, rot, scale, antialiased, v_conics, v_compensations,
-                    i):  # pragma: no cover - compiled
-    """From pair i's gradients of its conic and compensation: b, d loss / d b, the
-    gradient of the rows of J W (two 3-tuples) and of R (r, 9 values)."""
+def _cov2d_gradient(jw, rot, scale, antialiased, v_conic,
+                    v_compensation):  # pragma: no cover - compiled
+    """From a pair's gradients of its conic (3 values) and compensation (read only where
+    ``antialiased``): b, d loss / d b, the gradient of the rows of J W (two 3-tuples)
+    and of R (r, 9 values)."""
     b, a, bb, cc, undilated_det = _cov2d(jw, rot, scale)
     inv = 1.0 / (a * cc - bb * bb)
     inv2 = inv * inv
-    g0, g1, g2 = v_conics[i, 0], v_conics[i, 1], v_conics[i, 2]
+    g0, g1, g2 = v_conic
     # conic = (cc, -bb, a) / det, det = a cc - bb^2
     v_a = -g0 * cc * cc * inv2 + g1 * bb * cc * inv2 + g2 * (inv - a * cc * inv2)
     v_bb = 2 * g0 * bb * cc * inv2 - g1 * (inv + 2 * bb * bb * inv2) + 2 * g2 * a * bb * inv2
@@ -247,7 +266,7 @@ def _cov2d_gradient(jw, rot, scale, antialiased, v_conics, v_compensations,
         # gsplat's CUDA kernel (add_blur_vjp), which the cuda backend runs, divides by
         # comp + 1e-6 rather than comp (finite for a flat splat), and so do we.
         comp = _compensation(undilated_det, a * cc - bb * bb)
-        v_half = v_compensations[i] * 0.5 / (comp + 1e-6)
+        v_half = v_compensation * 0.5 / (comp + 1e-6)
         shrink = 1.0 - comp * comp
         v_a += v_half * (shrink * cc * inv - EPS2D * inv)
         v_bb -= v_half * shrink * 2.0 * bb * inv
@@ -294,55 +313,33 @@ def _parameter_gradient(viewmats, c, v_x, v_y, v_z, qw, qx, qy, qz, norm, r, b,
 
 
 @numba.njit(inline="always")
-def _pair_gradient(means, quats, log_scales, g, viewmats, Ks, limits, c, antialiased,
-                   v_means2d, v_conics, v_depths, v_compensations,
-                   i):  # pragma: no cover - compiled
-    """d loss / d (mean 3, quat 4, log-scale 3) of pair i (Gaussian g, pinhole camera c),
-    as a 10-tuple."""
-    fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
-    x, y, z = camera_point(means, g, viewmats, c)
-    jw, tx, ty, held_x, held_y = _jw_rows(viewmats, Ks, limits, c, x, y, z)
-    qw, qx, qy, qz, norm, rot = _rotation(quats, g)
-    b, v_b, v_jw0, v_jw1, r = _cov2d_gradient(jw, rot, _scales(log_scales, g), antialiased,
-                                              v_conics, v_compensations, i)
-    # jw[0] = (fx / z) W_0 - (fx tx / z^2) W_2;  jw[1] likewise with fy, ty, W_1
-    v_mx, v_my = v_means2d[i, 0], v_means2d[i, 1]
-    v_x = v_mx * fx / z
-    v_y = v_my * fy / z
-    v_z = v_depths[i] - v_mx * fx * x / (z * z) - v_my * fy * y / (z * z)
-    v_tx, v_ty = 0.0, 0.0
-    z2, z3 = z * z, z * z * z
-    for m in range(3):
-        w0m, w1m, w2m = viewmats[c, 0, m], viewmats[c, 1, m], viewmats[c, 2, m]
-        v_z += v_jw0[m] * (-fx / z2 * w0m + 2 * fx * tx / z3 * w2m)
-        v_z += v_jw1[m] * (-fy / z2 * w1m + 2 * fy * ty / z3 * w2m)
-        v_tx += v_jw0[m] * (-fx / (z * z)) * w2m
-        v_ty += v_jw1[m] * (-fy / (z * z)) * w2m
-    # t = z clamp(offset / z): the offset's when free, z's (t / z) when held
-    if held_x:
-        v_z += v_tx * tx / z
-    else:
-        v_x += v_tx
-    if held_y:
-        v_z += v_ty * ty / z
-    else:
-        v_y += v_ty
-    return _parameter_gradient(viewmats, c, v_x, v_y, v_z, qw, qx, qy, qz, norm, r, b, v_b)
+def _jw_column(v_z, v_tx, v_ty, v_jw0_m, v_jw1_m, viewmats, c, m, fx, fy, tx, ty, z, z2,
+               z3):  # pragma: no cover - compiled
+    """(v_z, v_tx, v_ty) plus column m of J W's rows' gradient through z and t."""
+    w0m, w1m, w2m = viewmats[c, 0, m], viewmats[c, 1, m], viewmats[c, 2, m]
+    v_z += v_jw0_m * (-fx / z2 * w0m + 2 * fx * tx / z3 * w2m)
+    v_z += v_jw1_m * (-fy / z2 * w1m + 2 * fy * ty / z3 * w2m)
+    v_tx += v_jw0_m * (-fx / (z * z)) * w2m
+    v_ty += v_jw1_m * (-fy / (z * z)) * w2m
+    return v_z, v_tx, v_ty
 
 
 @numba.njit(inline="always")
 def _fisheye_pair_gradient(means, quats, log_scales, g, viewmats, Ks, c, antialiased,
                            v_means2d, v_conics, v_depths, v_compensations,
                            i):  # pragma: no cover - compiled
-    """``_pair_gradient`` of a fisheye camera's pair: the camera-space centre's gradient
-    as gsplat's CUDA kernel computes it (``fisheye_proj_vjp``): through J for means2d,
-    and through J's derivative, as that kernel writes it, for the covariance."""
+    """``_lane_gradients``' gradient, of a fisheye camera's pair i (Gaussian g), one pair
+    at a time: the camera-space centre's gradient as gsplat's CUDA kernel computes it
+    (``fisheye_proj_vjp``): through J for means2d, and through J's derivative, as that
+    kernel writes it, for the covariance."""
     fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
     x, y, z = camera_point(means, g, viewmats, c)
     _, _, jw, j = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
     qw, qx, qy, qz, norm, rot = _rotation(quats, g)
-    b, v_b, v_jw0, v_jw1, r = _cov2d_gradient(jw, rot, _scales(log_scales, g), antialiased,
-                                              v_conics, v_compensations, i)
+    b, v_b, v_jw0, v_jw1, r = _cov2d_gradient(
+        jw, rot, _scales(log_scales, g), antialiased, (v_conics[i, 0], v_conics[i, 1],
+                                                       v_conics[i, 2]),
+        v_compensations[i] if antialiased else 0.0)
     # J W's rows' gradient to J's: v_J[r][k] = sum_m v_jw_r[m] W[k][m]
     v_j = (v_jw0[0] * viewmats[c, 0, 0] + v_jw0[1] * viewmats[c, 0, 1]
            + v_jw0[2] * viewmats[c, 0, 2],
@@ -401,7 +398,10 @@ def _add_gradient(g, grad, v_means, v_quats, v_log_scales):  # pragma: no cover 
     v_log_scales[g, 2] += grad[9]
 
 
-@numba.njit(nogil=True, cache=True)
+# numpy's error model: a division by zero gives inf rather than raising, so that no branch
+# to raise keeps the lane loop off the vector units. A visible pair divides by nothing
+# zero (z is beyond the near plane, the determinant positive, the norm at least 1e-12).
+@numba.njit(nogil=True, cache=True, error_model="numpy")
 def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats, Ks, limits,
                     fisheye, antialiased, v_means2d, v_conics, v_depths, v_compensations,
                     v_means, v_quats, v_log_scales):  # pragma: no cover - compiled
@@ -413,11 +413,80 @@ def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats,
                 means, quats, log_scales, g, viewmats, Ks, c, antialiased, v_means2d, v_conics,
                 v_depths, v_compensations, i), v_means, v_quats, v_log_scales)
         return
-    for i in range(lo, hi):
-        g = gaussian_ids[i]
-        _add_gradient(g, _pair_gradient(means, quats, log_scales, g, viewmats, Ks, limits, c,
-                                        antialiased, v_means2d, v_conics, v_depths,
-                                        v_compensations, i), v_means, v_quats, v_log_scales)
+    lanes = np.empty((LANE_INPUTS, LANES), means.dtype)
+    grads = np.empty((10, LANES))
+    for start in range(lo, hi, LANES):
+        count = min(LANES, hi - start)
+        for j in range(count):
+            _fill_lane(lanes, j, means, quats, log_scales, gaussian_ids[start + j], antialiased,
+                       v_means2d, v_conics, v_depths, v_compensations, start + j)
+        _lane_gradients(np.uint64(count), lanes, viewmats, Ks, limits, c, antialiased, grads)
+        for j in range(count):
+            _add_gradient(gaussian_ids[start + j], (
+                grads[0, j], grads[1, j], grads[2, j], grads[3, j], grads[4, j], grads[5, j],
+                grads[6, j], grads[7, j], grads[8, j], grads[9, j]), v_means, v_quats, v_log_scales)
+
+
+@numba.njit(inline="always")
+def _fill_lane(lanes, j, means, quats, log_scales, g, antialiased, v_means2d, v_conics, v_depths,
+               v_compensations, i):  # pragma: no cover - compiled
+    """lanes[:, j]: what ``_lane_gradients`` reads of pair i (Gaussian g): its mean,
+    quaternion and ``_scales`` (the exponentials taken here: in the lane loop each would
+    be a call, one lane at a time), and its gradients of means2d, conic, depth and
+    compensation."""
+    lanes[0, j], lanes[1, j], lanes[2, j] = means[g, 0], means[g, 1], means[g, 2]
+    lanes[3, j], lanes[4, j], lanes[5, j] = quats[g, 0], quats[g, 1], quats[g, 2]
+    lanes[6, j] = quats[g, 3]
+    lanes[7, j], lanes[8, j], lanes[9, j] = _scales(log_scales, g)
+    lanes[10, j], lanes[11, j] = v_means2d[i, 0], v_means2d[i, 1]
+    lanes[12, j], lanes[13, j], lanes[14, j] = v_conics[i, 0], v_conics[i, 1], v_conics[i, 2]
+    lanes[15, j] = v_depths[i]
+    lanes[16, j] = v_compensations[i] if antialiased else 0.0
+
+
+@numba.njit(inline="always")
+def _lane_gradients(count, lanes, viewmats, Ks, limits, c, antialiased,
+                    grads):  # pragma: no cover - compiled
+    """grads[:, j]: d loss / d (mean 3, quat 4, log-scale 3) of lane j's pair
+    (``_fill_lane``) of pinhole camera c, for j below ``count``. One value a lane in each
+    array, read with unsigned indices, and the arithmetic in the loop itself (LLVM kept
+    it scalar when the loop called it as a function of its own): the loop runs on the
+    vector units, each lane doing the operations a scalar loop would."""
+    fx, fy = Ks[c, 0, 0], Ks[c, 1, 1]
+    for j in range(np.uint64(0), count):
+        x, y, z = _camera_point_of(lanes[0, j], lanes[1, j], lanes[2, j], viewmats, c)
+        jw, tx, ty, held_x, held_y = _jw_rows(viewmats, Ks, limits, c, x, y, z)
+        qw, qx, qy, qz, norm, rot = _rotation_of(lanes[3, j], lanes[4, j], lanes[5, j],
+                                                 lanes[6, j])
+        b, v_b, v_jw0, v_jw1, r = _cov2d_gradient(
+            jw, rot, (lanes[7, j], lanes[8, j], lanes[9, j]), antialiased,
+            (lanes[12, j], lanes[13, j], lanes[14, j]), lanes[16, j])
+        # jw[0] = (fx / z) W_0 - (fx tx / z^2) W_2;  jw[1] likewise with fy, ty, W_1
+        v_mx, v_my = lanes[10, j], lanes[11, j]
+        v_x = v_mx * fx / z
+        v_y = v_my * fy / z
+        v_z = lanes[15, j] - v_mx * fx * x / (z * z) - v_my * fy * y / (z * z)
+        v_tx, v_ty = 0.0, 0.0
+        z2, z3 = z * z, z * z * z
+        # Column by column, each written out: a tuple indexed in a loop is copied to memory.
+        v_z, v_tx, v_ty = _jw_column(v_z, v_tx, v_ty, v_jw0[0], v_jw1[0], viewmats, c, 0, fx,
+                                     fy, tx, ty, z, z2, z3)
+        v_z, v_tx, v_ty = _jw_column(v_z, v_tx, v_ty, v_jw0[1], v_jw1[1], viewmats, c, 1, fx,
+                                     fy, tx, ty, z, z2, z3)
+        v_z, v_tx, v_ty = _jw_column(v_z, v_tx, v_ty, v_jw0[2], v_jw1[2], viewmats, c, 2, fx,
+                                     fy, tx, ty, z, z2, z3)
+        # t = z clamp(offset / z): the offset's when free, z's (t / z) when held
+        if held_x:
+            v_z += v_tx * tx / z
+        else:
+            v_x += v_tx
+        if held_y:
+            v_z += v_ty * ty / z
+        else:
+            v_y += v_ty
+        grad = _parameter_gradient(viewmats, c, v_x, v_y, v_z, qw, qx, qy, qz, norm, r, b, v_b)
+        grads[0, j], grads[1, j], grads[2, j], grads[3, j], grads[4, j] = grad[:5]
+        grads[5, j], grads[6, j], grads[7, j], grads[8, j], grads[9, j] = grad[5:]
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
