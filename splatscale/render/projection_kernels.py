@@ -62,6 +62,7 @@ from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_
 CHUNK = 256  # pairs (or Gaussians) per parallel task
 LANES = 64  # pairs the backward takes through its arithmetic at once (``_lane_gradients``)
 LANE_INPUTS = 17  # a lane's values (``_fill_lane``)
+PROJECTED = 7  # a lane's projection: means2d 2, conic 3, depth, compensation
 SLACK_PIXELS = 1.0  # the exact box is rounded up to whole pixels, and floats round
 
 
@@ -212,25 +213,77 @@ def _write_pair(i, jw, rot, scale, antialiased, conics,
         compensations[i] = _compensation(undilated_det, det)
 
 
-@numba.njit(nogil=True, cache=True)
+@numba.njit(nogil=True, cache=True, error_model="numpy")  # (``_backward_pairs`` says why)
 def _forward_pairs(lo, hi, means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks,
                    limits, fisheye, antialiased, means2d, conics, depths,
                    compensations):  # pragma: no cover - compiled
-    """Pairs [lo, hi): means2d, conic, depth and (``antialiased``) compensation."""
-    for i in range(lo, hi):
-        g, c = gaussian_ids[i], camera_ids[i]
-        x, y, z = camera_point(means, g, viewmats, c)
-        _, _, _, _, _, rot = _rotation(quats, g)
-        scale = _scales(log_scales, g)
+    """Pairs [lo, hi): means2d, conic, depth and (``antialiased``) compensation; a
+    pinhole camera's in lanes (``_lane_projections``), a fisheye camera's one by one."""
+    lanes = np.empty((LANE_INPUTS, LANES), means.dtype)
+    projected = np.empty((PROJECTED, LANES))
+    start = lo
+    while start < hi:
+        c = camera_ids[start]
+        end = start + 1
+        while end < hi and camera_ids[end] == c:  # the pairs are camera-major
+            end += 1
         if fisheye is not None and fisheye[c]:
-            means2d[i, 0], means2d[i, 1], jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
-            _write_pair(i, jw, rot, scale, antialiased, conics, compensations)
+            for i in range(start, end):
+                _fisheye_pair(i, gaussian_ids[i], c, means, quats, log_scales, viewmats, Ks,
+                              antialiased, means2d, conics, depths, compensations)
         else:
-            pinhole_jw, _, _, _, _ = _jw_rows(viewmats, Ks, limits, c, x, y, z)
-            means2d[i, 0] = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
-            means2d[i, 1] = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
-            _write_pair(i, pinhole_jw, rot, scale, antialiased, conics, compensations)
-        depths[i] = z
+            for first in range(start, end, LANES):
+                count = min(LANES, end - first)
+                for j in range(count):
+                    _fill_geometry(lanes, j, means, quats, log_scales, gaussian_ids[first + j])
+                _lane_projections(np.uint64(count), lanes, viewmats, Ks, limits, c,
+                                  antialiased, projected)
+                _write_lanes(first, count, projected, antialiased, means2d, conics, depths,
+                             compensations)
+        start = end
+
+
+@numba.njit(inline="always")
+def _write_lanes(first, count, projected, antialiased, means2d, conics, depths,
+                 compensations):  # pragma: no cover - compiled
+    """Pairs first + j, j below ``count``: their ``_lane_projections``."""
+    for j in range(count):
+        i = first + j
+        means2d[i, 0], means2d[i, 1] = projected[0, j], projected[1, j]
+        conics[i, 0], conics[i, 1], conics[i, 2] = projected[2, j], projected[3, j], projected[4, j]
+        depths[i] = projected[5, j]
+        if antialiased:
+            compensations[i] = projected[6, j]
+
+
+@numba.njit(inline="always")
+def _fisheye_pair(i, g, c, means, quats, log_scales, viewmats, Ks, antialiased, means2d,
+                  conics, depths, compensations):  # pragma: no cover - compiled
+    """Pair i (Gaussian g, fisheye camera c): means2d, conic, depth and compensation."""
+    x, y, z = camera_point(means, g, viewmats, c)
+    _, _, _, _, _, rot = _rotation(quats, g)
+    means2d[i, 0], means2d[i, 1], jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
+    _write_pair(i, jw, rot, _scales(log_scales, g), antialiased, conics, compensations)
+    depths[i] = z
+
+
+@numba.njit(inline="always")
+def _lane_projections(count, lanes, viewmats, Ks, limits, c, antialiased,
+                      projected):  # pragma: no cover - compiled
+    """projected[:, j]: means2d, conic, depth and (``antialiased``) compensation of lane
+    j's Gaussian (``_fill_geometry``) through pinhole camera c, for j below ``count``,
+    as ``_write_pair`` computes them (``_lane_gradients`` says why the loop is so)."""
+    for j in range(np.uint64(0), count):
+        x, y, z = _camera_point_of(lanes[0, j], lanes[1, j], lanes[2, j], viewmats, c)
+        _, _, _, _, _, rot = _rotation_of(lanes[3, j], lanes[4, j], lanes[5, j], lanes[6, j])
+        jw, _, _, _, _ = _jw_rows(viewmats, Ks, limits, c, x, y, z)
+        projected[0, j] = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
+        projected[1, j] = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
+        _, a, bb, cc, undilated_det = _cov2d(jw, rot, (lanes[7, j], lanes[8, j], lanes[9, j]))
+        det = a * cc - bb * bb
+        projected[2, j], projected[3, j], projected[4, j] = cc / det, -bb / det, a / det
+        projected[5, j] = z
+        projected[6, j] = _compensation(undilated_det, det) if antialiased else 0.0
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
@@ -428,16 +481,21 @@ def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats,
 
 
 @numba.njit(inline="always")
-def _fill_lane(lanes, j, means, quats, log_scales, g, antialiased, v_means2d, v_conics, v_depths,
-               v_compensations, i):  # pragma: no cover - compiled
-    """lanes[:, j]: what ``_lane_gradients`` reads of pair i (Gaussian g): its mean,
-    quaternion and ``_scales`` (the exponentials taken here: in the lane loop each would
-    be a call, one lane at a time), and its gradients of means2d, conic, depth and
-    compensation."""
+def _fill_geometry(lanes, j, means, quats, log_scales, g):  # pragma: no cover - compiled
+    """lanes[0:10, j]: Gaussian g's mean, quaternion and ``_scales`` (the exponentials
+    taken here: in a lane loop each would be a call, one lane at a time)."""
     lanes[0, j], lanes[1, j], lanes[2, j] = means[g, 0], means[g, 1], means[g, 2]
     lanes[3, j], lanes[4, j], lanes[5, j] = quats[g, 0], quats[g, 1], quats[g, 2]
     lanes[6, j] = quats[g, 3]
     lanes[7, j], lanes[8, j], lanes[9, j] = _scales(log_scales, g)
+
+
+@numba.njit(inline="always")
+def _fill_lane(lanes, j, means, quats, log_scales, g, antialiased, v_means2d, v_conics, v_depths,
+               v_compensations, i):  # pragma: no cover - compiled
+    """lanes[:, j]: what ``_lane_gradients`` reads of pair i (Gaussian g): its Gaussian's
+    ``_fill_geometry`` and its gradients of means2d, conic, depth and compensation."""
+    _fill_geometry(lanes, j, means, quats, log_scales, g)
     lanes[10, j], lanes[11, j] = v_means2d[i, 0], v_means2d[i, 1]
     lanes[12, j], lanes[13, j], lanes[14, j] = v_conics[i, 0], v_conics[i, 1], v_conics[i, 2]
     lanes[15, j] = v_depths[i]
