@@ -40,12 +40,13 @@ each one call of a plain loop: numba counts references to the arrays passed to
 a call that it does not inline, and cannot inline these bodies into a parallel
 loop (its array analysis fails on their tuples).
 
-The backward of pinhole pairs runs on the vector units, exactly: ``LANES`` pairs at
-a time, their inputs gathered first into one array a value (with the exponentials,
-which a vector loop would call lane by lane), then the arithmetic over the lanes
-(``_lane_gradients``), each lane doing the very operations of the scalar code, in
-its precisions, so the gradients are the scalar code's to the bit; then the sums
-into the Gaussians' rows, in pair order.
+The pairs of pinhole cameras run on the vector units, forward and backward, exactly:
+``LANES`` pairs at a time, their inputs gathered first into one array a value (with
+the exponentials, which a vector loop would call lane by lane), then the arithmetic
+over the lanes (``_lane_projections``, ``_lane_gradients``), each lane doing the very
+operations of the scalar code, in its precisions, so the results are the scalar
+code's to the bit; then the results written out, the backward's summed into the
+Gaussians' rows in pair order. A fisheye camera's pairs run one at a time.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_
                                            FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS)
 
 CHUNK = 256  # pairs (or Gaussians) per parallel task
-LANES = 64  # pairs the backward takes through its arithmetic at once (``_lane_gradients``)
+LANES = 64  # pairs whose arithmetic runs at once (``_lane_projections``, ``_lane_gradients``)
 LANE_INPUTS = 17  # a lane's values (``_fill_lane``)
 PROJECTED = 7  # a lane's projection: means2d 2, conic 3, depth, compensation
 SLACK_PIXELS = 1.0  # the exact box is rounded up to whole pixels, and floats round
