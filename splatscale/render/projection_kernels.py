@@ -207,11 +207,19 @@ def _fisheye_jw_rows(viewmats, Ks, c, x, y, z):  # pragma: no cover - compiled
 def _write_pair(i, jw, rot, scale, antialiased, conics,
                 compensations):  # pragma: no cover - compiled
     """Pair i's conic and (``antialiased``) compensation, from its J W."""
+    conics[i, 0], conics[i, 1], conics[i, 2], compensation = _conic(jw, rot, scale,
+                                                                    antialiased)
+    if antialiased:
+        compensations[i] = compensation
+
+
+@numba.njit(inline="always")
+def _conic(jw, rot, scale, antialiased):  # pragma: no cover - compiled
+    """A pair's conic (3 values) and, where ``antialiased`` (else 0), compensation,
+    from its J W."""
     _, a, bb, cc, undilated_det = _cov2d(jw, rot, scale)
     det = a * cc - bb * bb
-    conics[i, 0], conics[i, 1], conics[i, 2] = cc / det, -bb / det, a / det
-    if antialiased:
-        compensations[i] = _compensation(undilated_det, det)
+    return cc / det, -bb / det, a / det, _compensation(undilated_det, det) if antialiased else 0.0
 
 
 @numba.njit(nogil=True, cache=True, error_model="numpy")  # (``_backward_pairs`` says why)
@@ -273,18 +281,16 @@ def _lane_projections(count, lanes, viewmats, Ks, limits, c, antialiased,
                       projected):  # pragma: no cover - compiled
     """projected[:, j]: means2d, conic, depth and (``antialiased``) compensation of lane
     j's Gaussian (``_fill_geometry``) through pinhole camera c, for j below ``count``,
-    as ``_write_pair`` computes them (``_lane_gradients`` says why the loop is so)."""
+    (``_lane_gradients`` says why the loop is so)."""
     for j in range(np.uint64(0), count):
         x, y, z = _camera_point_of(lanes[0, j], lanes[1, j], lanes[2, j], viewmats, c)
         _, _, _, _, _, rot = _rotation_of(lanes[3, j], lanes[4, j], lanes[5, j], lanes[6, j])
         jw, _, _, _, _ = _jw_rows(viewmats, Ks, limits, c, x, y, z)
         projected[0, j] = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
         projected[1, j] = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
-        _, a, bb, cc, undilated_det = _cov2d(jw, rot, (lanes[7, j], lanes[8, j], lanes[9, j]))
-        det = a * cc - bb * bb
-        projected[2, j], projected[3, j], projected[4, j] = cc / det, -bb / det, a / det
+        projected[2, j], projected[3, j], projected[4, j], projected[6, j] = _conic(
+            jw, rot, (lanes[7, j], lanes[8, j], lanes[9, j]), antialiased)
         projected[5, j] = z
-        projected[6, j] = _compensation(undilated_det, det) if antialiased else 0.0
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
