@@ -22,6 +22,8 @@ from splatscale.render.radix_sort import stable_sort
 BLOCK_ROWS = TILE_SIZE // BLOCK_H  # rows of blocks in a row of tiles
 SHORT_RUN = 32  # equal depths up to this many are ordered by insertion
 SPLAT_WIDTH = 8  # a splat's row (``_sorted_rows``): half a cache line in float32
+ROW_VALUES = 11  # a row of blocks' values in ``_ellipse_spans_of`` (``_fill_rows``)
+NO_TILE = 1 << 62  # a tile span's bound beyond every tile
 
 Lend = Callable[[int, int, torch.dtype], np.ndarray]  # ``_scratch``'s
 
@@ -317,38 +319,77 @@ def _box_spans(boxes, row_starts, spans, block_spans):  # pragma: no cover - com
             block_spans[j, :, 1] = boxes[i, 1] * BLOCKS_X - 1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, error_model="numpy")
 def _ellipse_spans_of(lo, hi, splats, boxes, row_starts, spans,
                       block_spans):  # pragma: no cover - compiled
     """Splats [lo, hi): in each row of blocks of the box, the block columns with a pixel
     centre in the splat's ``reach_ellipse`` (a span, as a row cuts the ellipse in one
-    piece), and in each tile row the tiles that hold them."""
+    piece), and in each tile row the tiles that hold them. Each splat's ellipse is
+    written into each of its rows of blocks (``_fill_rows``), the rows' spans found
+    on the vector units (``_lane_spans``), and the tile rows' spans read from them.
+
+    numpy's error model: no branch to raise keeps ``_lane_spans`` scalar, and nothing
+    divides by zero (a conic has a > 0; c is divided only where the determinant is
+    positive)."""
+    base = row_starts[lo]
+    rows = np.empty((ROW_VALUES, (row_starts[hi] - base) * BLOCK_ROWS))
+    row_spans = np.empty((4, rows.shape[1]), np.int64)
     for i in range(lo, hi):
-        mx, my = np.float64(splats[i, 0]), np.float64(splats[i, 1])
-        a, b, c = np.float64(splats[i, 4]), np.float64(splats[i, 5]), np.float64(splats[i, 6])
-        opacity = np.float64(splats[i, 7])
-        # The largest sigma at which the splat's alpha reaches 1/255: ln(255 opacity).
-        sigma_max = math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)
-        limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max)
-        column_lo, column_hi = boxes[i, 0] * BLOCKS_X, boxes[i, 1] * BLOCKS_X
-        v = boxes[i, 2] * TILE_SIZE - my  # the top of a row of blocks, relative to the mean
-        at_top = boundary_at(a, b, limit, det, ey, v)
+        _fill_rows(rows, (row_starts[i] - base) * BLOCK_ROWS, splats, boxes, row_starts, i)
+    _lane_spans(np.uint64(rows.shape[1]), rows, row_spans)
+    row = 0
+    for i in range(lo, hi):
         for j in range(row_starts[i], row_starts[i + 1]):
             first_tile, last_tile = boxes[i, 1], boxes[i, 0] - 1
             for r in range(BLOCK_ROWS):
-                at_bottom = boundary_at(a, b, limit, det, ey, v + BLOCK_H)
-                left, right = strip_span(b, c, det, ex, ey, v, v + BLOCK_H, at_top, at_bottom)
-                v, at_top = v + BLOCK_H, at_bottom
-                # Block column n's pixel centres: n BLOCK_W + 0.5 to (n + 1) BLOCK_W - 0.5.
-                first_at = (mx + left - (BLOCK_W - 0.5)) / BLOCK_W
-                last_at = (mx + right - 0.5) / BLOCK_W
-                first = int(math.ceil(min(max(first_at, column_lo), column_hi)))
-                last = int(math.floor(max(min(last_at, column_hi - 1), column_lo - 1)))
-                block_spans[j, r, 0], block_spans[j, r, 1] = first, last
-                if first <= last:
-                    first_tile = min(first_tile, first // BLOCKS_X)
-                    last_tile = max(last_tile, last // BLOCKS_X)
+                block_spans[j, r, 0], block_spans[j, r, 1] = row_spans[0, row], row_spans[1, row]
+                first_tile = min(first_tile, row_spans[2, row])
+                last_tile = max(last_tile, row_spans[3, row])
+                row += 1
             spans[j, 0], spans[j, 1] = first_tile, max(first_tile, last_tile + 1)
+
+
+@numba.njit(inline="always")
+def _fill_rows(rows, first, splats, boxes, row_starts, i):  # pragma: no cover - compiled
+    """rows[:, first + k] for each row of blocks k of splat i's box: its ellipse
+    (``reach_ellipse``), box columns and mean, and the row's top relative to the mean
+    (each row's the one above's plus BLOCK_H, summed as the rows are walked)."""
+    mx, my = np.float64(splats[i, 0]), np.float64(splats[i, 1])
+    a, b, c = np.float64(splats[i, 4]), np.float64(splats[i, 5]), np.float64(splats[i, 6])
+    opacity = np.float64(splats[i, 7])
+    # The largest sigma at which the splat's alpha reaches 1/255: ln(255 opacity).
+    sigma_max = math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)
+    limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max)
+    column_lo, column_hi = boxes[i, 0] * BLOCKS_X, boxes[i, 1] * BLOCKS_X
+    v = boxes[i, 2] * TILE_SIZE - my
+    for k in range(first, first + (row_starts[i + 1] - row_starts[i]) * BLOCK_ROWS):
+        rows[0, k], rows[1, k], rows[2, k], rows[3, k], rows[4, k] = a, b, c, limit, det
+        rows[5, k], rows[6, k], rows[7, k], rows[8, k] = ex, ey, column_lo, column_hi
+        rows[9, k], rows[10, k] = mx, v
+        v += BLOCK_H
+
+
+@numba.njit(inline="always")
+def _lane_spans(count, rows, row_spans):  # pragma: no cover - compiled
+    """row_spans[:, k] for the rows of blocks k below ``count`` (``_fill_rows``): the
+    first and last block columns with a pixel centre in the ellipse, and the tiles of
+    those (NO_TILE and -NO_TILE where there is none). The arithmetic is in the loop
+    itself, indexed unsigned (``projection_kernels._lane_gradients`` says why)."""
+    for k in range(np.uint64(0), count):
+        a, b, c, limit, det = rows[0, k], rows[1, k], rows[2, k], rows[3, k], rows[4, k]
+        ex, ey, column_lo, column_hi = rows[5, k], rows[6, k], rows[7, k], rows[8, k]
+        mx, v = rows[9, k], rows[10, k]
+        at_top = boundary_at(a, b, limit, det, ey, v)
+        at_bottom = boundary_at(a, b, limit, det, ey, v + BLOCK_H)
+        left, right = strip_span(b, c, det, ex, ey, v, v + BLOCK_H, at_top, at_bottom)
+        # Block column n's pixel centres: n BLOCK_W + 0.5 to (n + 1) BLOCK_W - 0.5.
+        first_at = (mx + left - (BLOCK_W - 0.5)) / BLOCK_W
+        last_at = (mx + right - 0.5) / BLOCK_W
+        first = int(math.ceil(min(max(first_at, column_lo), column_hi)))
+        last = int(math.floor(max(min(last_at, column_hi - 1), column_lo - 1)))
+        row_spans[0, k], row_spans[1, k] = first, last
+        row_spans[2, k] = first // BLOCKS_X if first <= last else NO_TILE
+        row_spans[3, k] = last // BLOCKS_X if first <= last else -NO_TILE
 
 
 @numba.njit(parallel=True, cache=True)
