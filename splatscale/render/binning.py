@@ -22,7 +22,7 @@ from splatscale.render.radix_sort import stable_sort
 BLOCK_ROWS = TILE_SIZE // BLOCK_H  # rows of blocks in a row of tiles
 SHORT_RUN = 32  # equal depths up to this many are ordered by insertion
 SPLAT_WIDTH = 8  # a splat's row (``_sorted_rows``): half a cache line in float32
-ROW_VALUES = 11  # a row of blocks' values in ``_ellipse_spans_of`` (``_fill_rows``)
+ROW_VALUES = 8  # a row of blocks' values in ``_ellipse_spans_of`` (``_fill_rows``)
 NO_TILE = 1 << 62  # a tile span's bound beyond every tile
 
 Lend = Callable[[int, int, torch.dtype], np.ndarray]  # ``_scratch``'s
@@ -324,7 +324,7 @@ def _ellipse_spans_of(lo, hi, splats, boxes, row_starts, spans,
                       block_spans):  # pragma: no cover - compiled
     """Splats [lo, hi): in each row of blocks of the box, the block columns with a pixel
     centre in the splat's ``reach_ellipse`` (a span, as a row cuts the ellipse in one
-    piece), and in each tile row the tiles that hold them. Each splat's ellipse is
+    piece), and in each tile row the tiles that hold them. Each splat's conic is
     written into each of its rows of blocks (``_fill_rows``), the rows' spans found
     on the vector units (``_lane_spans``), and the tile rows' spans read from them.
 
@@ -351,21 +351,19 @@ def _ellipse_spans_of(lo, hi, splats, boxes, row_starts, spans,
 
 @numba.njit(inline="always")
 def _fill_rows(rows, first, splats, boxes, row_starts, i):  # pragma: no cover - compiled
-    """rows[:, first + k] for each row of blocks k of splat i's box: its ellipse
-    (``reach_ellipse``), box columns and mean, and the row's top relative to the mean
-    (each row's the one above's plus BLOCK_H, summed as the rows are walked)."""
+    """rows[:, first + k] for each row of blocks k of splat i's box: its conic and
+    ``reach_ellipse``'s sigma, box columns and mean, and the row's top relative to the
+    mean (each row's the one above's plus BLOCK_H, summed as the rows are walked)."""
     mx, my = np.float64(splats[i, 0]), np.float64(splats[i, 1])
     a, b, c = np.float64(splats[i, 4]), np.float64(splats[i, 5]), np.float64(splats[i, 6])
     opacity = np.float64(splats[i, 7])
     # The largest sigma at which the splat's alpha reaches 1/255: ln(255 opacity).
     sigma_max = math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)
-    limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max)
     column_lo, column_hi = boxes[i, 0] * BLOCKS_X, boxes[i, 1] * BLOCKS_X
     v = boxes[i, 2] * TILE_SIZE - my
     for k in range(first, first + (row_starts[i + 1] - row_starts[i]) * BLOCK_ROWS):
-        rows[0, k], rows[1, k], rows[2, k], rows[3, k], rows[4, k] = a, b, c, limit, det
-        rows[5, k], rows[6, k], rows[7, k], rows[8, k] = ex, ey, column_lo, column_hi
-        rows[9, k], rows[10, k] = mx, v
+        rows[0, k], rows[1, k], rows[2, k], rows[3, k] = a, b, c, sigma_max
+        rows[4, k], rows[5, k], rows[6, k], rows[7, k] = column_lo, column_hi, mx, v
         v += BLOCK_H
 
 
@@ -376,9 +374,10 @@ def _lane_spans(count, rows, row_spans):  # pragma: no cover - compiled
     those (NO_TILE and -NO_TILE where there is none). The arithmetic is in the loop
     itself, indexed unsigned (``projection_kernels._lane_gradients`` says why)."""
     for k in range(np.uint64(0), count):
-        a, b, c, limit, det = rows[0, k], rows[1, k], rows[2, k], rows[3, k], rows[4, k]
-        ex, ey, column_lo, column_hi = rows[5, k], rows[6, k], rows[7, k], rows[8, k]
-        mx, v = rows[9, k], rows[10, k]
+        a, b, c, sigma_max = rows[0, k], rows[1, k], rows[2, k], rows[3, k]
+        column_lo, column_hi, mx, v = rows[4, k], rows[5, k], rows[6, k], rows[7, k]
+        # On the vector units its square roots cost less than the row's stores would.
+        limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max)
         at_top = boundary_at(a, b, limit, det, ey, v)
         at_bottom = boundary_at(a, b, limit, det, ey, v + BLOCK_H)
         left, right = strip_span(b, c, det, ex, ey, v, v + BLOCK_H, at_top, at_bottom)
