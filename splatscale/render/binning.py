@@ -418,16 +418,29 @@ def _place_splats(lo, hi, order, boxes, row_starts, spans, block_spans, tiles_x,
     for i in range(lo, hi):
         for j in range(row_starts[i], row_starts[i + 1]):
             row = (boxes[i, 2] + j - row_starts[i] - tile_row0) * tiles_x
+            # Read once a row of tiles: the compiler reloads what it cannot tell apart
+            # from the arrays written.
+            row_spans = (block_spans[j, 0, 0], block_spans[j, 0, 1], block_spans[j, 1, 0],
+                         block_spans[j, 1, 1], block_spans[j, 2, 0], block_spans[j, 2, 1],
+                         block_spans[j, 3, 0], block_spans[j, 3, 1])
             for tx in range(spans[j, 0], spans[j, 1]):
-                splat_ids[cursor[row + tx]] = order[i]
-                mask = 0
-                for r in range(BLOCK_ROWS):
-                    for column in range(BLOCKS_X):
-                        n = tx * BLOCKS_X + column
-                        inside = block_spans[j, r, 0] <= n <= block_spans[j, r, 1]
-                        mask |= (1 << (r * BLOCKS_X + column)) if inside else 0
-                blocks[cursor[row + tx]] = mask
-                cursor[row + tx] += 1
+                at = cursor[row + tx]
+                splat_ids[at] = order[i]
+                blocks[at] = _tile_mask(tx, row_spans)
+                cursor[row + tx] = at + 1
+
+
+@numba.njit(inline="always")
+def _tile_mask(tx, s):  # pragma: no cover - compiled
+    """The blocks of tile column tx that the rows of blocks with (first, last) block
+    columns ``s`` (four pairs) reach: bit r BLOCKS_X + c for block column tx BLOCKS_X +
+    c of row r. Written out for a tile of 4 x 2 blocks (tests/test_reach.py holds it to
+    the pixels)."""
+    n, m = tx * BLOCKS_X, tx * BLOCKS_X + 1
+    return ((1 if s[0] <= n <= s[1] else 0) | (2 if s[0] <= m <= s[1] else 0)
+            | (4 if s[2] <= n <= s[3] else 0) | (8 if s[2] <= m <= s[3] else 0)
+            | (16 if s[4] <= n <= s[5] else 0) | (32 if s[4] <= m <= s[5] else 0)
+            | (64 if s[6] <= n <= s[7] else 0) | (128 if s[6] <= m <= s[7] else 0))
 
 
 @numba.njit(cache=True)
