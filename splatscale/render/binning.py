@@ -328,12 +328,12 @@ def _ellipse_spans_of(lo, hi, splats, boxes, row_starts, spans,
     written into each of its rows of blocks (``_fill_rows``), the rows' spans found
     on the vector units (``_lane_spans``), and the tile rows' spans read from them.
 
-    numpy's error model: no branch to raise keeps ``_lane_spans`` scalar, and nothing
-    divides by zero (a conic has a > 0; c is divided only where the determinant is
-    positive)."""
+    numpy's error model: a branch to raise ZeroDivisionError would keep ``_lane_spans``
+    scalar, and nothing divides by zero (a conic has a > 0; c is divided only where the
+    determinant is positive)."""
     base = row_starts[lo]
     rows = np.empty((ROW_VALUES, (row_starts[hi] - base) * BLOCK_ROWS))
-    row_spans = np.empty((4, rows.shape[1]), np.int64)
+    row_spans = np.empty((4, rows.shape[1]), np.int64)  # first, last, their tiles
     for i in range(lo, hi):
         _fill_rows(rows, (row_starts[i] - base) * BLOCK_ROWS, splats, boxes, row_starts, i)
     _lane_spans(np.uint64(rows.shape[1]), rows, row_spans)
@@ -376,7 +376,8 @@ def _lane_spans(count, rows, row_spans):  # pragma: no cover - compiled
     for k in range(np.uint64(0), count):
         a, b, c, sigma_max = rows[0, k], rows[1, k], rows[2, k], rows[3, k]
         column_lo, column_hi, mx, v = rows[4, k], rows[5, k], rows[6, k], rows[7, k]
-        # On the vector units its square roots cost less than the row's stores would.
+        # A row's own: on the vector units its square roots cost less than storing
+        # its four values in every row would.
         limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max)
         at_top = boundary_at(a, b, limit, det, ey, v)
         at_bottom = boundary_at(a, b, limit, det, ey, v + BLOCK_H)
