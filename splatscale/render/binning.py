@@ -325,35 +325,36 @@ def _ellipse_spans_of(lo, hi, splats, boxes, row_starts, spans,
     """Splats [lo, hi): in each row of blocks of the box, the block columns with a pixel
     centre in the splat's ``reach_ellipse`` (a span, as a row cuts the ellipse in one
     piece), and in each tile row the tiles that hold them. Each splat's conic is
-    written into each of its rows of blocks (``_fill_rows``), the rows' spans found
-    on the vector units (``_lane_spans``), and the tile rows' spans read from them.
+    written into each of its tile rows (``_fill_rows``), the tile rows' spans found on
+    the vector units (``_lane_spans``), then written out.
 
     numpy's error model: a branch to raise ZeroDivisionError would keep ``_lane_spans``
     scalar, and nothing divides by zero (a conic has a > 0; c is divided only where the
     determinant is positive)."""
     base = row_starts[lo]
-    rows = np.empty((ROW_VALUES, (row_starts[hi] - base) * BLOCK_ROWS))
-    row_spans = np.empty((4, rows.shape[1]), np.int64)  # first, last, their tiles
+    rows = np.empty((ROW_VALUES, row_starts[hi] - base))
+    # Each row of blocks' first and last block column, then the tile row's first and
+    # last tile (NO_TILE and -NO_TILE where there is none).
+    row_spans = np.empty((2 * BLOCK_ROWS + 2, rows.shape[1]), np.int64)
     for i in range(lo, hi):
-        _fill_rows(rows, (row_starts[i] - base) * BLOCK_ROWS, splats, boxes, row_starts, i)
+        _fill_rows(rows, row_starts[i] - base, splats, boxes, row_starts, i)
     _lane_spans(np.uint64(rows.shape[1]), rows, row_spans)
-    row = 0
     for i in range(lo, hi):
         for j in range(row_starts[i], row_starts[i + 1]):
-            first_tile, last_tile = boxes[i, 1], boxes[i, 0] - 1
+            t = j - base
             for r in range(BLOCK_ROWS):
-                block_spans[j, r, 0], block_spans[j, r, 1] = row_spans[0, row], row_spans[1, row]
-                first_tile = min(first_tile, row_spans[2, row])
-                last_tile = max(last_tile, row_spans[3, row])
-                row += 1
+                block_spans[j, r, 0] = row_spans[2 * r, t]
+                block_spans[j, r, 1] = row_spans[2 * r + 1, t]
+            first_tile = min(boxes[i, 1], row_spans[2 * BLOCK_ROWS, t])
+            last_tile = max(boxes[i, 0] - 1, row_spans[2 * BLOCK_ROWS + 1, t])
             spans[j, 0], spans[j, 1] = first_tile, max(first_tile, last_tile + 1)
 
 
 @numba.njit(inline="always")
 def _fill_rows(rows, first, splats, boxes, row_starts, i):  # pragma: no cover - compiled
-    """rows[:, first + k] for each row of blocks k of splat i's box: its conic and
-    ``reach_ellipse``'s sigma, box columns and mean, and the row's top relative to the
-    mean (each row's the one above's plus BLOCK_H, summed as the rows are walked)."""
+    """rows[:, first + k] for each tile row k of splat i's box: its conic and
+    ``reach_ellipse``'s sigma, box columns and mean, and the top of the tile row's first
+    row of blocks relative to the mean (walked down a row of blocks at a time)."""
     mx, my = np.float64(splats[i, 0]), np.float64(splats[i, 1])
     a, b, c = np.float64(splats[i, 4]), np.float64(splats[i, 5]), np.float64(splats[i, 6])
     opacity = np.float64(splats[i, 7])
@@ -361,35 +362,66 @@ def _fill_rows(rows, first, splats, boxes, row_starts, i):  # pragma: no cover -
     sigma_max = math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)
     column_lo, column_hi = boxes[i, 0] * BLOCKS_X, boxes[i, 1] * BLOCKS_X
     v = boxes[i, 2] * TILE_SIZE - my
-    for k in range(first, first + (row_starts[i + 1] - row_starts[i]) * BLOCK_ROWS):
+    for k in range(first, first + row_starts[i + 1] - row_starts[i]):
         rows[0, k], rows[1, k], rows[2, k], rows[3, k] = a, b, c, sigma_max
         rows[4, k], rows[5, k], rows[6, k], rows[7, k] = column_lo, column_hi, mx, v
-        v += BLOCK_H
+        for _ in range(BLOCK_ROWS):
+            v += BLOCK_H
 
 
 @numba.njit(inline="always")
 def _lane_spans(count, rows, row_spans):  # pragma: no cover - compiled
-    """row_spans[:, k] for the rows of blocks k below ``count`` (``_fill_rows``): the
-    first and last block columns with a pixel centre in the ellipse, and the tiles of
-    those (NO_TILE and -NO_TILE where there is none). The arithmetic is in the loop
-    itself, indexed unsigned (``projection_kernels._lane_gradients`` says why)."""
+    """row_spans[:, k] for the tile rows k below ``count`` (``_fill_rows``). The
+    arithmetic is in the loop itself, indexed unsigned (``projection_kernels.
+    _lane_gradients`` says why); the four rows of blocks of a tile row are written
+    out, each one's top edge the bottom of the one above, as a splat's rows are
+    walked."""
     for k in range(np.uint64(0), count):
         a, b, c, sigma_max = rows[0, k], rows[1, k], rows[2, k], rows[3, k]
-        column_lo, column_hi, mx, v = rows[4, k], rows[5, k], rows[6, k], rows[7, k]
-        # A row's own: on the vector units its square roots cost less than storing
-        # its four values in every row would.
-        limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max)
-        at_top = boundary_at(a, b, limit, det, ey, v)
-        at_bottom = boundary_at(a, b, limit, det, ey, v + BLOCK_H)
-        left, right = strip_span(b, c, det, ex, ey, v, v + BLOCK_H, at_top, at_bottom)
-        # Block column n's pixel centres: n BLOCK_W + 0.5 to (n + 1) BLOCK_W - 0.5.
-        first_at = (mx + left - (BLOCK_W - 0.5)) / BLOCK_W
-        last_at = (mx + right - 0.5) / BLOCK_W
-        first = int(math.ceil(min(max(first_at, column_lo), column_hi)))
-        last = int(math.floor(max(min(last_at, column_hi - 1), column_lo - 1)))
-        row_spans[0, k], row_spans[1, k] = first, last
-        row_spans[2, k] = first // BLOCKS_X if first <= last else NO_TILE
-        row_spans[3, k] = last // BLOCKS_X if first <= last else -NO_TILE
+        # A tile row's own: on the vector units its square roots cost less than
+        # storing its four values in every tile row would.
+        ellipse = (a, b, c) + reach_ellipse(a, b, c, sigma_max)
+        columns = (rows[4, k], rows[5, k], rows[6, k])
+        v = rows[7, k]
+        at_top = boundary_at(a, b, ellipse[3], ellipse[4], ellipse[6], v)
+        first0, last0, v, at_top = _block_row_span(ellipse, columns, v, at_top)
+        first1, last1, v, at_top = _block_row_span(ellipse, columns, v, at_top)
+        first2, last2, v, at_top = _block_row_span(ellipse, columns, v, at_top)
+        first3, last3, v, at_top = _block_row_span(ellipse, columns, v, at_top)
+        row_spans[0, k], row_spans[1, k], row_spans[2, k], row_spans[3, k] = (
+            first0, last0, first1, last1)
+        row_spans[4, k], row_spans[5, k], row_spans[6, k], row_spans[7, k] = (
+            first2, last2, first3, last3)
+        tiles0, tiles1 = _tiles_of(first0, last0), _tiles_of(first1, last1)
+        tiles2, tiles3 = _tiles_of(first2, last2), _tiles_of(first3, last3)
+        row_spans[8, k] = min(tiles0[0], tiles1[0], tiles2[0], tiles3[0])
+        row_spans[9, k] = max(tiles0[1], tiles1[1], tiles2[1], tiles3[1])
+
+
+@numba.njit(inline="always")
+def _tiles_of(first, last):  # pragma: no cover - compiled
+    """The tiles of block columns first and last; (NO_TILE, -NO_TILE) where the row of
+    blocks meets nothing (first > last)."""
+    return ((first // BLOCKS_X, last // BLOCKS_X) if first <= last
+            else (np.int64(NO_TILE), np.int64(-NO_TILE)))
+
+
+@numba.njit(inline="always")
+def _block_row_span(ellipse, columns, v, at_top):  # pragma: no cover - compiled
+    """(first, last) block columns of the row of blocks whose top is ``v`` (relative to
+    the mean; ``at_top`` its ``boundary_at``), ``v`` and ``boundary_at`` of its bottom.
+    ``ellipse``: (a, b, c, limit, det, ex, ey); ``columns``: the box's first and end
+    block columns and the mean's x."""
+    a, b, c, limit, det, ex, ey = ellipse
+    column_lo, column_hi, mx = columns
+    at_bottom = boundary_at(a, b, limit, det, ey, v + BLOCK_H)
+    left, right = strip_span(b, c, det, ex, ey, v, v + BLOCK_H, at_top, at_bottom)
+    # Block column n's pixel centres: n BLOCK_W + 0.5 to (n + 1) BLOCK_W - 0.5.
+    first_at = (mx + left - (BLOCK_W - 0.5)) / BLOCK_W
+    last_at = (mx + right - 0.5) / BLOCK_W
+    first = int(math.ceil(min(max(first_at, column_lo), column_hi)))
+    last = int(math.floor(max(min(last_at, column_hi - 1), column_lo - 1)))
+    return first, last, v + BLOCK_H, at_bottom
 
 
 @numba.njit(parallel=True, cache=True)
