@@ -22,7 +22,7 @@ from splatscale.render.radix_sort import stable_sort
 BLOCK_ROWS = TILE_SIZE // BLOCK_H  # rows of blocks in a row of tiles
 SHORT_RUN = 32  # equal depths up to this many are ordered by insertion
 SPLAT_WIDTH = 8  # a splat's row (``_sorted_rows``): half a cache line in float32
-ROW_VALUES = 8  # a row of blocks' values in ``_ellipse_spans_of`` (``_fill_rows``)
+ROW_VALUES = 8  # a tile row's values in ``_ellipse_spans_of`` (``_fill_rows``)
 NO_TILE = 1 << 62  # a tile span's bound beyond every tile
 
 Lend = Callable[[int, int, torch.dtype], np.ndarray]  # ``_scratch``'s
