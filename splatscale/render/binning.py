@@ -380,10 +380,10 @@ def _lane_spans(count, rows, row_spans):  # pragma: no cover - compiled
         a, b, c, sigma_max = rows[0, k], rows[1, k], rows[2, k], rows[3, k]
         # A tile row's own: on the vector units its square roots cost less than
         # storing its four values in every tile row would.
-        ellipse = (a, b, c) + reach_ellipse(a, b, c, sigma_max)
-        columns = (rows[4, k], rows[5, k], rows[6, k])
+        limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max)
+        ellipse, columns = (a, b, c, limit, det, ex, ey), (rows[4, k], rows[5, k], rows[6, k])
         v = rows[7, k]
-        at_top = boundary_at(a, b, ellipse[3], ellipse[4], ellipse[6], v)
+        at_top = boundary_at(a, b, limit, det, ey, v)
         first0, last0, v, at_top = _block_row_span(ellipse, columns, v, at_top)
         first1, last1, v, at_top = _block_row_span(ellipse, columns, v, at_top)
         first2, last2, v, at_top = _block_row_span(ellipse, columns, v, at_top)
