@@ -372,10 +372,10 @@ def _fill_rows(rows, first, splats, boxes, row_starts, i):  # pragma: no cover -
 @numba.njit(inline="always")
 def _lane_spans(count, rows, row_spans):  # pragma: no cover - compiled
     """row_spans[:, k] for the tile rows k below ``count`` (``_fill_rows``). The
-    arithmetic is in the loop itself, indexed unsigned (``projection_kernels.
-    _lane_gradients`` says why); the four rows of blocks of a tile row are written
-    out, each one's top edge the bottom of the one above, as a splat's rows are
-    walked."""
+    arithmetic is in the loop itself, indexed unsigned
+    (``projection_kernels._lane_gradients`` says why); the four rows of blocks of a
+    tile row are written out, each one's top edge the bottom of the one above, as a
+    splat's rows are walked."""
     for k in range(np.uint64(0), count):
         a, b, c, sigma_max = rows[0, k], rows[1, k], rows[2, k], rows[3, k]
         # A tile row's own: on the vector units its square roots cost less than

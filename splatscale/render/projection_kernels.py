@@ -280,7 +280,7 @@ def _fisheye_pair(i, g, c, means, quats, log_scales, viewmats, Ks, antialiased, 
 def _lane_projections(count, lanes, viewmats, Ks, limits, c, antialiased,
                       projected):  # pragma: no cover - compiled
     """projected[:, j]: means2d, conic, depth and (``antialiased``) compensation of lane
-    j's Gaussian (``_fill_geometry``) through pinhole camera c, for j below ``count``,
+    j's Gaussian (``_fill_geometry``) through pinhole camera c, for j below ``count``
     (``_lane_gradients`` says why the loop is so)."""
     for j in range(np.uint64(0), count):
         x, y, z = _camera_point_of(lanes[0, j], lanes[1, j], lanes[2, j], viewmats, c)
