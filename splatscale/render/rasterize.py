@@ -153,7 +153,10 @@ class _Composite(torch.autograd.Function):
                         v_absgrad.numpy(), numba.get_num_threads())
         del rows
         INTERSECTION_ROWS.give_back(packed)
-        v_background = (v_rgb * final_T[..., None]).sum(dim=(0, 1))
+        # The background is rarely a parameter: its gradient, a pass over the image, only
+        # when asked for.
+        v_background = ((v_rgb * final_T[..., None]).sum(dim=(0, 1))
+                        if ctx.needs_input_grad[5] else None)
         return (v_means2d, v_conics, v_colors, v_depths, v_opacities, v_background,
                 v_absgrad if absgrad else None, None, None, None, None)
 
