@@ -221,14 +221,18 @@ def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, 
         acc = np.zeros((CHANNELS, PIXELS), dtype)
         start = offsets[t]
         n_live = 0
-        block_live = np.zeros(BLOCKS, np.int64)  # pixels of each block still compositing
-        for p in range(PIXELS):
-            x, y = _tile_xy(p)
-            x, y = tile_x * TILE + x, tile_y * TILE + y
-            inside = x < width and y0 <= y and y < y1
-            live[p] = one if inside else zero
-            n_live += inside
-            block_live[p // BLOCK] += inside
+        block_live = np.empty(BLOCKS, np.int64)  # pixels of each block still compositing
+        for block in range(BLOCKS):
+            # Block by block, without a branch: each block's count is one vector sum.
+            inside_block = 0
+            for p in _pixels(block * BLOCK, (block + 1) * BLOCK):
+                x, y = _tile_xy(p)
+                x, y = tile_x * TILE + x, tile_y * TILE + y
+                inside = (x < width) & (y0 <= y) & (y < y1)
+                live[p] = one if inside else zero
+                inside_block += 1 if inside else 0
+            block_live[block] = inside_block
+            n_live += inside_block
         for k in range(start, offsets[t + 1]):
             if n_live == 0:
                 break
