@@ -375,18 +375,22 @@ def _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width
         behind = np.zeros(PIXELS, dtype)
         start = offsets[t]
         k_max = start - 1
-        for p in range(PIXELS):
-            x, y = _tile_xy(p)
-            x, y = tile_x * TILE + x, tile_y * TILE + y
-            if x < width and y0 <= y and y < y1:
-                T[p] = final_T[y - y0, x]
-                last[p] = last_index[y - y0, x] - start
-                k_max = max(k_max, last_index[y - y0, x])
-                weighted_bg = -v_alpha[y - y0, x]
+        # The image's pixels of the tile, row by row of the image (its arrays read in
+        # order, not a branch a pixel), each into its place in the blocks.
+        for row in range(max(0, y0 - tile_y * TILE), min(TILE, y1 - tile_y * TILE)):
+            y = tile_y * TILE + row - y0
+            first = (row // BLOCK_H) * BLOCKS_X * BLOCK + (row % BLOCK_H) * BLOCK_W
+            for column in range(min(TILE, width - tile_x * TILE)):
+                p = first + (column // BLOCK_W) * BLOCK + column % BLOCK_W
+                x = tile_x * TILE + column
+                T[p] = final_T[y, x]
+                last[p] = last_index[y, x] - start
+                k_max = max(k_max, last_index[y, x])
+                weighted_bg = -v_alpha[y, x]
                 for ch in range(3):
-                    v_out[ch, p] = v_rgb[y - y0, x, ch]
+                    v_out[ch, p] = v_rgb[y, x, ch]
                     weighted_bg += background[ch] * v_out[ch, p]
-                v_out[3, p] = v_depth[y - y0, x]
+                v_out[3, p] = v_depth[y, x]
                 tail[p] = T[p] * weighted_bg
         isect_grads[k_max + 1:offsets[t + 1]] = 0  # behind every pixel's last contributor
         for k in range(k_max, start - 1, -1):
