@@ -125,6 +125,12 @@ def _tile_xy(p):
     return (block % BLOCKS_X) * BLOCK_W + q % BLOCK_W, (block // BLOCKS_X) * BLOCK_H + q // BLOCK_W
 
 
+@nb.njit(inline="always")
+def _tile_pixel(x, y):
+    """The pixel of column x and row y of its tile: ``_tile_xy``'s inverse."""
+    return (y // BLOCK_H * BLOCKS_X + x // BLOCK_W) * BLOCK + y % BLOCK_H * BLOCK_W + x % BLOCK_W
+
+
 @nb.njit(parallel=True, cache=True)
 def pack(splat_ids, blocks, offsets, tile_order, means2d, conics, opacities, colors, depths,
          out):  # pragma: no cover - compiled
@@ -379,9 +385,8 @@ def _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width
         # order, not a branch a pixel), each into its place in the blocks.
         for row in range(max(0, y0 - tile_y * TILE), min(TILE, y1 - tile_y * TILE)):
             y = tile_y * TILE + row - y0
-            first = (row // BLOCK_H) * BLOCKS_X * BLOCK + (row % BLOCK_H) * BLOCK_W
             for column in range(min(TILE, width - tile_x * TILE)):
-                p = first + (column // BLOCK_W) * BLOCK + column % BLOCK_W
+                p = _tile_pixel(column, row)
                 x = tile_x * TILE + column
                 T[p] = final_T[y, x]
                 last[p] = last_index[y, x] - start
