@@ -74,9 +74,10 @@ def camera_centres(viewmats: Tensor) -> Tensor:
 
 
 def camera_offsets(camera_ids: Tensor, cameras: int) -> Tensor:
-    """[cameras + 1]: where each camera's rows start in camera-major ``camera_ids``."""
-    counts = torch.bincount(camera_ids, minlength=cameras)
-    return torch.cat([counts.new_zeros(1), torch.cumsum(counts, 0)])
+    """[cameras + 1]: where each camera's rows start in camera-major ``camera_ids``
+    (a binary search a camera, not a pass over the rows)."""
+    return torch.searchsorted(camera_ids.contiguous(), torch.arange(
+        cameras + 1, dtype=camera_ids.dtype, device=camera_ids.device))
 
 
 def fisheye_or_none(cameras: Sequence[Camera], device: torch.device) -> Tensor | None:
