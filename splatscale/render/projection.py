@@ -369,7 +369,8 @@ def project_cpu(model: GaussianModel, cameras: list[Camera],
     viewmats, Ks, sizes = camera_tensors(cameras, model.means)
     seen = seen or visibility_cpu(model, cameras)
     radii, visible = seen.radii, seen.visible
-    camera_ids, gaussian_ids = visible.nonzero(as_tuple=True)
+    camera_ids, gaussian_ids = (torch.from_numpy(ids) for ids in
+                                projection_kernels.visible_pairs(visible.contiguous().numpy()))
     offsets = camera_offsets(camera_ids, len(cameras)).tolist()
     # The differentiable pass sees only the visible pairs, so its cost (forward and
     # backward) follows what is on screen, not the size of the model.

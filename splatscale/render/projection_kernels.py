@@ -686,3 +686,24 @@ def visibility(means, quats, log_scales, opacity_logits, viewmats, Ks, sizes, fi
         _visibility_of(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), means, quats, log_scales,
                        opacity_logits, viewmats, Ks, sizes, limits, fisheye, antialiased, radii,
                        visible)
+
+
+@numba.njit(nogil=True, cache=True)
+def visible_pairs(visible):  # pragma: no cover - compiled
+    """The (camera, Gaussian) pairs where ``visible`` [C, N] holds, camera-major and
+    Gaussians ascending (``torch.nonzero``'s order): camera ids and Gaussian ids [P].
+    One thread: a count, then every position written and advanced where it holds
+    (no branch), several times faster than torch's nonzero on one camera's row."""
+    cameras, count = visible.shape
+    total = 0
+    for c in range(cameras):
+        for g in range(count):
+            total += 1 if visible[c, g] else 0
+    # One spare place: a pair that does not hold is written past the last that does.
+    camera_ids, gaussian_ids = np.empty(total + 1, np.int64), np.empty(total + 1, np.int64)
+    at = 0
+    for c in range(cameras):
+        for g in range(count):
+            camera_ids[at], gaussian_ids[at] = c, g
+            at += 1 if visible[c, g] else 0
+    return camera_ids[:total], gaussian_ids[:total]
