@@ -164,6 +164,31 @@ def test_sh_kernels_equal_the_torch_colours(wide_scene, degree):
     assert (ours_grad[2] is None) == (degree == 0)
 
 
+@pytest.mark.parametrize("degree", [0, 1])
+def test_sh_gradients_fill_every_row_of_a_reused_buffer(wide_scene, degree):
+    """The backward writes its gradients over last step's buffers (``reusing``) without
+    zeroing them first: rows that camera 0 does not see must still come out zero."""
+    from splatscale.render.dense_gradients import reusing
+    from splatscale.render.projection import _ShColors
+    model, cameras = wide_scene
+    gaussian_ids, camera_ids, _, _, _ = pairs_of(model, cameras)
+    assert len(set(gaussian_ids[camera_ids == 0].tolist())) < len(model), "some unseen by 0"
+    centres = torch.stack([c.center for c in cameras])
+    leaves = [t.detach().clone().requires_grad_(True) for t in (model.means, model.sh0,
+                                                                 model.shN)]
+
+    def gradients():
+        colors = _ShColors.apply(*leaves, gaussian_ids, camera_ids, centres, degree)
+        return torch.autograd.grad(colors.sum(), leaves, allow_unused=True)
+
+    fresh = gradients()
+    with reusing([torch.full_like(t, torch.nan) for t in leaves]):
+        reused = gradients()
+    for a, b in zip(fresh, reused):
+        assert (a is None) == (b is None)
+        assert a is None or (torch.equal(a, b) and not a.isnan().any())
+
+
 def test_sh_kernels_pass_gradcheck(wide_scene):
     from splatscale.render.projection import _ShColors
     model, cameras = wide_scene
