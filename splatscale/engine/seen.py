@@ -28,7 +28,9 @@ def tell(observer: Observer | None, rows: Rows, working: WorkingSet, splats: Spl
     grad = splats.means2d.grad
     if grad is None:  # nothing was visible: nothing was rendered from it
         grad = torch.zeros_like(splats.means2d.detach())
-    master = working.rows[splats.gaussian_ids.to(working.rows.device)]
+    ids = splats.gaussian_ids.to(working.rows.device)
+    # The row set's own model is its master rows in order: no gather.
+    master = ids if working.model is rows.row_set.model else working.rows[ids]
     absgrad = _absgrad(splats, grad) if observer.absgrad else None
     views = []
     for i, camera in enumerate(splats.cameras):
