@@ -72,6 +72,9 @@ class Backend:
 
     The rest:
 
+    - ``add_view_norms(sums, counts, rows, grads, scale)``: the densification
+      statistic's sums, sums[rows[i]] += |grads[i] * scale| and counts[rows[i]] += 1
+      (``step/view_norms.py``), the norms taken on the gradients' device;
     - ``adam_step(param, m, v, grad, scale, root_bias2, beta1, beta2, eps)``: one
       Adam step of flat tensors, in place (``step/adam_kernels.py``'s formula);
     - ``pixels_as_float(pixels, dtype) -> Tensor``: uint8 pixels as ``dtype`` in
@@ -96,6 +99,7 @@ class Backend:
     abs_difference_sum: Callable[[Tensor, Tensor], Tensor]
     squared_error_sum: Callable[[Tensor, Tensor], float]
     ssim: Callable[[Tensor, Tensor, tuple[int, int], int, Tensor | None], Tensor]
+    add_view_norms: Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]
     adam_step: Callable[[Tensor, Tensor, Tensor, Tensor, float, float, float, float, float],
                         None]
     pixels_as_float: Callable[[Tensor, torch.dtype], Tensor]

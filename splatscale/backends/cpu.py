@@ -1,8 +1,9 @@
 """The cpu backend: numba kernels throughout, and the host's own memory.
 
 The renderer's kernels are ``render/``'s (projection, SH, binning,
-compositing), the loss's and SSIM's fused passes ``step/``'s, and Adam's step
-``step/adam_kernels.py``'s, each beside its torch reference. The device is
+compositing), the loss's and SSIM's fused passes and the densification statistic's
+sums ``step/``'s, and Adam's step ``step/adam_kernels.py``'s, each beside its torch
+reference. The device is
 host memory: nothing is copied, and work is done when its call returns.
 """
 
@@ -20,6 +21,7 @@ from splatscale.render.rasterize import composite_cpu
 from splatscale.step import adam_kernels
 from splatscale.step.loss import abs_difference_sum_cpu, squared_error_sum_cpu
 from splatscale.step.ssim import ssim_cpu
+from splatscale.step.view_norms import add_view_norms_cpu
 
 
 def adam_step(param: Tensor, m: Tensor, v: Tensor, grad: Tensor, scale: float,
@@ -49,6 +51,7 @@ BACKEND = Backend(
     name="cpu", project=project_cpu, visibility=visibility_cpu, candidates=candidates_cpu,
     composite=composite_cpu,
     abs_difference_sum=abs_difference_sum_cpu, squared_error_sum=squared_error_sum_cpu,
-    ssim=ssim_cpu, adam_step=adam_step, pixels_as_float=pixels_as_float,
+    ssim=ssim_cpu, add_view_norms=add_view_norms_cpu, adam_step=adam_step,
+    pixels_as_float=pixels_as_float,
     shares_host_memory=True, gathers_seen_rows=True, free_memory=free_memory,
     synchronize=synchronize, streams=None)

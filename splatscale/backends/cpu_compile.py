@@ -150,13 +150,15 @@ def geometry_part(fisheye: bool = False) -> None:
 
 
 def loss_part() -> None:
-    """A step's loss (L1, SSIM, squared error), forward and backward, and an Adam step,
-    on float32 tensors."""
+    """A step's loss (L1, SSIM, squared error), forward and backward, the densification
+    statistic's sums and an Adam step, on float32 tensors."""
     generator = torch.Generator().manual_seed(0)
     rgb = torch.rand(HEIGHT, WIDTH, 3, generator=generator, requires_grad=True)
     target = torch.rand(HEIGHT, WIDTH, 3, generator=generator)
     loss, _ = band_loss(rgb, target, (0, HEIGHT), masked_in_values(target), 0.2)
     loss.backward()
+    BACKEND.add_view_norms(torch.zeros(COUNT), torch.zeros(COUNT), torch.arange(COUNT),
+                           torch.rand(COUNT, 2, generator=generator), torch.ones(2))
     param = rgb.detach().view(-1)
     BACKEND.adam_step(param, torch.zeros_like(param), torch.zeros_like(param),
                       torch.ones_like(param), -1e-3, 0.5, 0.9, 0.999, 1e-15)

@@ -51,6 +51,7 @@ from splatscale.render.projection import Visibility, visibility_torch
 from splatscale.render.splats import Splats, camera_centres, camera_offsets, camera_tensors
 from splatscale.step.loss import abs_difference_sum_torch, squared_error_sum_torch
 from splatscale.step.ssim import ssim_torch
+from splatscale.step.view_norms import add_view_norms_torch
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,8 @@ def backend(kernels: Callable[[], Kernels] = cuda_kernels) -> Backend:
         name="cuda", project=project_, visibility=visibility_torch, candidates=candidates_torch,
         composite=composite_,
         abs_difference_sum=abs_difference_sum_torch, squared_error_sum=squared_error_sum_torch,
-        ssim=ssim_torch, adam_step=adam_step, pixels_as_float=pixels_as_float,
+        ssim=ssim_torch, add_view_norms=add_view_norms_torch, adam_step=adam_step,
+        pixels_as_float=pixels_as_float,
         shares_host_memory=False, gathers_seen_rows=False, free_memory=free_memory,
         synchronize=torch.cuda.synchronize,
         streams=STREAMS)

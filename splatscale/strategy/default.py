@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from splatscale.backends import backend_for
 from splatscale.model.gaussians import sigmoid
 from splatscale.render.projection import quat_to_rotmat
 from splatscale.step.keyed_random import keyed_hash, keyed_normal
@@ -101,17 +102,16 @@ class ThreeDGS(GradientNorms):
         return {}
 
 
-def view_space_grad_norms(means2d_grad: Tensor, width: int, height: int,
-                          batch_size: int) -> Tensor:
-    """Norms of d loss / d means2d in 3DGS's units (NDC, per view's own loss)."""
-    scale = torch.tensor([width / 2.0, height / 2.0], dtype=means2d_grad.dtype,
-                         device=means2d_grad.device) * batch_size
-    return (means2d_grad * scale).norm(dim=-1)
+def view_space_scale(grads: Tensor, width: int, height: int, batch_size: int) -> Tensor:
+    """What turns d loss / d means2d into 3DGS's units (NDC, per view's own loss)."""
+    return torch.tensor([width / 2.0, height / 2.0], dtype=grads.dtype,
+                        device=grads.device) * batch_size
 
 
 def add_gradient_norms(rows: RowSet, seen: Seen, absgrad: bool = False) -> None:
     """Add each view's view-space gradient norms (of ``absgrad`` with it) to the
-    statistics of the rows it saw (each row at most once a view)."""
+    statistics of the rows it saw (each row at most once a view), by the backend of
+    the gradients' device."""
     grad_sum = rows.state_zeros(GRAD_SUM)
     count = rows.state_zeros(COUNT)
     for view in seen.views:
@@ -120,10 +120,8 @@ def add_gradient_norms(rows: RowSet, seen: Seen, absgrad: bool = False) -> None:
             if view.absgrad is None:
                 raise ValueError("add_gradient_norms: the step kept no absgrad to read")
             grad = view.absgrad
-        norms = view_space_grad_norms(grad, view.width, view.height, len(seen.views))
-        ids = view.rows.to(grad_sum.device)
-        grad_sum.index_add_(0, ids, norms.to(grad_sum))
-        count.index_add_(0, ids, torch.ones_like(norms, dtype=count.dtype, device=count.device))
+        scale = view_space_scale(grad, view.width, view.height, len(seen.views))
+        backend_for(grad.device).add_view_norms(grad_sum, count, view.rows, grad, scale)
 
 
 def copies_of(rows: RowSet, mask: Tensor, event: int, children: int = 1) -> dict[str, Tensor]:
