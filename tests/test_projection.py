@@ -164,22 +164,30 @@ def test_sh_kernels_equal_the_torch_colours(wide_scene, degree):
     assert (ours_grad[2] is None) == (degree == 0)
 
 
-@pytest.mark.parametrize("degree", [0, 1])
-def test_sh_gradients_fill_every_row_of_a_reused_buffer(wide_scene, degree):
-    """The backward writes its gradients over last step's buffers (``reusing``) without
-    zeroing them first: rows that camera 0 does not see must still come out zero."""
+@pytest.mark.parametrize("stage", ["EWA", "SH degree 0", "SH degree 1"])
+def test_gradients_fill_every_row_of_a_reused_buffer(wide_scene, stage):
+    """The backward passes write their gradients over last step's buffers (``reusing``)
+    without zeroing them first: rows that camera 0 does not see must still come out
+    zero, and the others as over fresh buffers."""
     from splatscale.render.dense_gradients import reusing
-    from splatscale.render.projection import _ShColors
+    from splatscale.render.projection import _EwaPairs, _ShColors
     model, cameras = wide_scene
-    gaussian_ids, camera_ids, _, _, _ = pairs_of(model, cameras)
+    gaussian_ids, camera_ids, viewmats, Ks, sizes = pairs_of(model, cameras)
     assert len(set(gaussian_ids[camera_ids == 0].tolist())) < len(model), "some unseen by 0"
+    ewa = stage == "EWA"
+    inputs = (model.means, model.quats, model.log_scales) if ewa else (model.means, model.sh0,
+                                                                         model.shN)
+    leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
     centres = torch.stack([c.center for c in cameras])
-    leaves = [t.detach().clone().requires_grad_(True) for t in (model.means, model.sh0,
-                                                                 model.shN)]
 
     def gradients():
-        colors = _ShColors.apply(*leaves, gaussian_ids, camera_ids, centres, degree)
-        return torch.autograd.grad(colors.sum(), leaves, allow_unused=True)
+        if ewa:
+            outputs = _EwaPairs.apply(*leaves, gaussian_ids, camera_ids, viewmats, Ks, sizes,
+                                      fisheye_or_none(cameras, CPU), False)[:3]
+        else:
+            outputs = [_ShColors.apply(*leaves, gaussian_ids, camera_ids, centres,
+                                       int(stage[-1]))]
+        return torch.autograd.grad(sum(t.sum() for t in outputs), leaves, allow_unused=True)
 
     fresh = gradients()
     with reusing([torch.full_like(t, torch.nan) for t in leaves]):

@@ -231,7 +231,7 @@ def sh_backward(means, sh0, shN, degree, gaussian_ids, camera_offsets, centres, 
     """Each pair's gradient summed into its Gaussian's rows of v_means, v_sh0, v_shN,
     camera by camera (a Gaussian has at most one pair per camera), every row written:
     the gradients need not be zero on entry. At degree 0, v_means and v_shN are empty
-    (neither is a gradient there)."""
+    (neither is a gradient there). Pre: each camera's pairs in ascending Gaussian order."""
     count = v_sh0.shape[0]
     first_pairs = camera_offsets[1] if camera_offsets.shape[0] > 1 else 0
     # Camera 0 writes every row, zero where it sees nothing: no pass of zeros before.
