@@ -165,10 +165,10 @@ def test_sh_kernels_equal_the_torch_colours(wide_scene, degree):
 
 
 @pytest.mark.parametrize("stage", ["EWA", "SH degree 0", "SH degree 1"])
-def test_gradients_fill_every_row_of_a_reused_buffer(wide_scene, stage):
-    """The backward passes write their gradients over last step's buffers (``reusing``)
-    without zeroing them first: rows that camera 0 does not see must still come out
-    zero, and the others as over fresh buffers."""
+def test_gradients_in_reused_buffers_are_those_in_fresh_ones(wide_scene, stage):
+    """The backward passes write their gradients into last step's buffers (``reusing``),
+    whatever those hold: rows that camera 0 does not see come out zero, and the others
+    as in fresh buffers."""
     from splatscale.render.dense_gradients import reusing
     from splatscale.render.projection import _EwaPairs, _ShColors
     model, cameras = wide_scene

@@ -3,9 +3,8 @@
 A gradient of every Gaussian is a large buffer (SH's at a million Gaussians: 180 MB),
 above glibc's largest mapping threshold (``allocator.py``): a fresh one is mapped
 and faulted in, page by page, on every step. Within ``reusing``, ``zeros_like``
-and ``empty_like`` hand out the buffers the caller gave instead (``zeros_like``
-zeroes its own): the rows that own a model give last step's gradients back for the
-next (``engine/rows.py``).
+hands out the buffers the caller gave instead, zeroed in place: the rows that own
+a model give last step's gradients back for the next (``engine/rows.py``).
 """
 
 from __future__ import annotations
@@ -36,28 +35,10 @@ def reusing(buffers: list[Tensor]) -> Iterator[None]:
 def zeros_like(like: Tensor) -> Tensor:
     """A contiguous ``torch.zeros_like(like)``, in one of ``reusing``'s buffers where
     one has its shape, dtype and device."""
-    spare = _spare_like(like)
-    if spare is not None:
-        return spare.zero_()
-    return torch.zeros_like(like, memory_format=torch.contiguous_format)
-
-
-def empty_like(like: Tensor) -> Tensor:
-    """A contiguous tensor of ``like``'s shape, dtype and device, its values unset (for
-    a kernel that writes every one): one of ``reusing``'s buffers where one fits."""
-    spare = _spare_like(like)
-    if spare is not None:
-        return spare
-    return torch.empty_like(like, memory_format=torch.contiguous_format)
-
-
-def _spare_like(like: Tensor) -> Tensor | None:
-    """One of ``reusing``'s buffers of ``like``'s shape, dtype and device, taken from
-    its list; None where there is none."""
     spares = _spares.get()
     if spares is not None:
         for i, spare in enumerate(spares):
             if (spare.shape == like.shape and spare.dtype == like.dtype
                     and spare.device == like.device and spare.is_contiguous()):
-                return spares.pop(i)
-    return None
+                return spares.pop(i).zero_()
+    return torch.zeros_like(like, memory_format=torch.contiguous_format)

@@ -23,7 +23,7 @@ from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_
                                            FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS)
 from splatscale.backends import Backend, backend_for
 from splatscale.render import projection_kernels, sh_kernels
-from splatscale.render.dense_gradients import empty_like, zeros_like
+from splatscale.render.dense_gradients import zeros_like
 from splatscale.render.sh import sh_to_color
 from splatscale.render.splats import (Splats, camera_centres, camera_offsets, camera_tensors,
                                      fisheye_or_none)
@@ -276,9 +276,8 @@ class _ShColors(torch.autograd.Function):
         # neither gradient, and none is returned (empty arrays in their place). Adam
         # then knows shN's gradient is zero without a pass over it (``GaussianAdam``).
         directed = ctx.degree > 0
-        # Unset: the kernel writes every row (with no pass of zeros first).
-        grads = [empty_like(means) if directed else means.new_empty((0, 3)), empty_like(sh0),
-                 empty_like(shN) if directed else shN.new_empty((0, *shN.shape[1:]))]
+        grads = [zeros_like(means) if directed else means.new_empty((0, 3)), zeros_like(sh0),
+                 zeros_like(shN) if directed else shN.new_empty((0, *shN.shape[1:]))]
         sh_kernels.sh_backward(means.numpy(), sh0.numpy(), shN.numpy(), ctx.degree,
                                gaussian_ids.numpy(),
                                camera_offsets(camera_ids, len(centres)).numpy(),

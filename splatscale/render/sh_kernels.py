@@ -23,7 +23,6 @@ from numba import prange
 
 from splatscale.model.gaussians import SH_C0
 from splatscale.render.projection_kernels import CHUNK
-from splatscale.render.sorted_search import first_at_least
 from splatscale.render.sh import SH_C1, SH_C2, SH_C3
 
 # Sums may be reassociated and multiply-adds fused (the sixteen-term sums then run in
@@ -206,40 +205,12 @@ def _color_gradients_of(lo, hi, c, means, sh0, shN, degree, gaussian_ids, centre
                              v_means, v_sh0, v_shN)
 
 
-@numba.njit(nogil=True, cache=True, fastmath=FASTMATH)
-def _first_camera_rows(lo, hi, pairs, means, sh0, shN, degree, gaussian_ids, centres, v_colors,
-                       v_means, v_sh0, v_shN):  # pragma: no cover - compiled
-    """Gaussian rows [lo, hi) of the gradients: zero, plus their pair's gradient where
-    camera 0 (pairs [0, pairs)) sees them."""
-    i = first_at_least(gaussian_ids[:pairs], lo)
-    directed = v_shN.shape[0] > 0  # else degree 0: neither v_means nor v_shN is written
-    for g in range(lo, hi):
-        v_sh0[g, 0, 0] = v_sh0[g, 0, 1] = v_sh0[g, 0, 2] = 0.0
-        if directed:
-            v_means[g, 0] = v_means[g, 1] = v_means[g, 2] = 0.0
-            for k in range(v_shN.shape[1]):
-                v_shN[g, k, 0] = v_shN[g, k, 1] = v_shN[g, k, 2] = 0.0
-        if i < pairs and gaussian_ids[i] == g:
-            _pair_color_gradient(i, g, 0, means, sh0, shN, degree, centres, v_colors, v_means,
-                                 v_sh0, v_shN)
-            i += 1
-
-
 @numba.njit(parallel=True, nogil=True, cache=True)
 def sh_backward(means, sh0, shN, degree, gaussian_ids, camera_offsets, centres, v_colors,
                 v_means, v_sh0, v_shN):  # pragma: no cover - compiled
-    """Each pair's gradient summed into its Gaussian's rows of v_means, v_sh0, v_shN,
-    camera by camera (a Gaussian has at most one pair per camera), every row written:
-    the gradients need not be zero on entry. At degree 0, v_means and v_shN are empty
-    (neither is a gradient there). Pre: each camera's pairs in ascending Gaussian order."""
-    count = v_sh0.shape[0]
-    first_pairs = camera_offsets[1] if camera_offsets.shape[0] > 1 else 0
-    # Camera 0 writes every row, zero where it sees nothing: no pass of zeros before.
-    for chunk in prange((count + CHUNK - 1) // CHUNK):
-        _first_camera_rows(chunk * CHUNK, min(count, (chunk + 1) * CHUNK), first_pairs,
-                           means, sh0, shN, degree, gaussian_ids, centres, v_colors, v_means,
-                           v_sh0, v_shN)
-    for c in range(1, camera_offsets.shape[0] - 1):
+    """Adds each pair's gradient to its Gaussian's rows of v_means, v_sh0, v_shN, camera
+    by camera (a Gaussian has at most one pair per camera)."""
+    for c in range(camera_offsets.shape[0] - 1):
         lo, hi = camera_offsets[c], camera_offsets[c + 1]
         for chunk in prange((hi - lo + CHUNK - 1) // CHUNK):
             _color_gradients_of(lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK), c, means,
