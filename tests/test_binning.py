@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from splatscale.render.binning import (SHORT_RUN, TILE_SIZE, _by_key, _order_ties_by_key,
-                                       bin_tiles)
+from splatscale.render.binning import (SHORT_RUN, TILE_SIZE, _by_key, _first_at_least,
+                                       _order_ties_by_key, bin_tiles)
 
 
 def test_bins_hold_each_tile_splats_nearest_first():
@@ -69,6 +69,13 @@ def test_runs_of_equal_depths_sort_stably_by_key():
     want = order[np.lexsort((keys[order], depth_bits))]  # by depth, then key, stably
     _order_ties_by_key(depth_bits, keys, order)
     assert np.array_equal(order, want)
+
+
+def test_the_first_index_at_least_a_value_is_numpys_searchsorted():
+    ascending = np.array([0, 0, 3, 3, 3, 7, 12], np.int64)
+    for value in [-1.0, 0.0, 0.5, 3.0, 3.2, 7.0, 11.9, 12.0, 12.5]:
+        assert _first_at_least(ascending, value) == np.searchsorted(ascending, value), value
+    assert _first_at_least(np.empty(0, np.int64), 1.0) == 0
 
 
 def test_conics_and_opacities_of_another_dtype_are_refused():

@@ -18,7 +18,6 @@ from splatscale.render.conventions import ALPHA_MIN, TILE_SIZE
 from splatscale.render.compositing_kernels import BLOCK_H, BLOCK_W, BLOCKS_X
 from splatscale.render.projection_kernels import CHUNK
 from splatscale.render.radix_sort import stable_sort
-from splatscale.render.sorted_search import first_at_least
 
 BLOCK_ROWS = TILE_SIZE // BLOCK_H  # rows of blocks in a row of tiles
 SHORT_RUN = 32  # equal depths up to this many are ordered by insertion
@@ -477,6 +476,20 @@ def _tile_mask(tx, s):  # pragma: no cover - compiled
             | (64 if s[6] <= n <= s[7] else 0) | (128 if s[6] <= m <= s[7] else 0))
 
 
+@numba.njit(cache=True)
+def _first_at_least(ascending, value):  # pragma: no cover - compiled
+    """The first index of ``ascending`` whose element is at least ``value`` (its length
+    if none is): numpy's searchsorted, side left."""
+    lo, hi = 0, ascending.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if ascending[mid] < value:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 def _fill_tiles(order, boxes, row_starts, spans, block_spans, tiles_x, tile_row0, n_tiles,
                 parts):
     """Each tile's splats in ``order``: the splat ids tile after tile, the blocks each
@@ -507,7 +520,7 @@ def _tile_cursors(boxes, row_starts, spans, tiles_x, tile_row0, n_tiles,
     count = boxes.shape[0]
     bounds = np.empty(parts + 1, np.int64)
     for part in range(parts + 1):
-        bounds[part] = first_at_least(row_starts, part * (row_starts[-1] / parts))
+        bounds[part] = _first_at_least(row_starts, part * (row_starts[-1] / parts))
     bounds[0], bounds[parts] = 0, count
     counts = np.zeros((parts, n_tiles), np.int64)
     for part in numba.prange(parts):
