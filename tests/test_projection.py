@@ -164,6 +164,14 @@ def test_sh_kernels_equal_the_torch_colours(wide_scene, degree):
     assert (ours_grad[2] is None) == (degree == 0)
 
 
+@pytest.mark.parametrize("cameras, share", [(1, 0.7), (3, 0.3), (2, 0.0), (1, 1.0)])
+def test_visible_pairs_are_torchs_nonzero(cameras, share):
+    from splatscale.render.projection_kernels import visible_pairs
+    visible = torch.rand(cameras, 1000, generator=torch.Generator().manual_seed(1)) < share
+    for ours, torchs in zip(visible_pairs(visible.numpy()), visible.nonzero(as_tuple=True)):
+        assert np.array_equal(ours, torchs.numpy())
+
+
 @pytest.mark.parametrize("stage", ["EWA", "SH degree 0", "SH degree 1"])
 def test_gradients_in_reused_buffers_are_those_in_fresh_ones(wide_scene, stage):
     """The backward passes write their gradients into last step's buffers (``reusing``),
