@@ -3,8 +3,8 @@
 The renderer's kernels are ``render/``'s (projection, SH, binning,
 compositing), the loss's and SSIM's fused passes and the densification statistic's
 sums ``step/``'s, and Adam's step ``step/adam_kernels.py``'s, each beside its torch
-reference. The device is
-host memory: nothing is copied, and work is done when its call returns.
+reference. The device is host memory: nothing is copied, and work is done when its
+call returns.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ and ``denom``).
 ``add_view_norms`` is the backend's (``splatscale.backends``): torch's operations
 on a GPU, and on the CPU one pass of a numba kernel over the view's splats, where
 torch's norm over pairs of values and its two scattered additions were three. The
-kernel rounds as torch's CPU norm does, sqrt(fma(y, y, x x)), so the two add the
-same values on this machine's torch; the tests hold them to a float64 reference.
+kernel takes each norm as torch's vectorised CPU norm does, sqrt(fma(y, y, x x)),
+so that both add the same values; the tests hold them to a float64 reference.
 """
 
 from __future__ import annotations
@@ -62,4 +62,3 @@ def _add_view_norms(sums, counts, rows, grads, scale):  # pragma: no cover - com
             row = rows[i]
             sums[row] += np.sqrt(_fused_multiply_add(y, y, x * x))
             counts[row] += 1
-
