@@ -693,7 +693,7 @@ def visible_pairs(visible):  # pragma: no cover - compiled
     """The (camera, Gaussian) pairs where ``visible`` [C, N] holds, camera-major and
     Gaussians ascending (``torch.nonzero``'s order): camera ids and Gaussian ids [P].
     One thread: a count, then every position written and advanced where it holds
-    (no branch), several times faster than torch's nonzero on one camera's row."""
+    (no branch)."""
     cameras, count = visible.shape
     total = 0
     for c in range(cameras):

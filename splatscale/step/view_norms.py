@@ -3,10 +3,10 @@ the row of its Gaussian, and the view counted there (3DGS's ``xyz_gradient_accum
 and ``denom``).
 
 ``add_view_norms`` is the backend's (``splatscale.backends``): torch's operations
-on a GPU, and on the CPU one pass of a numba kernel over the view's splats, where
-torch's norm over pairs of values and its two scattered additions were three. The
-kernel takes each norm as torch's vectorised CPU norm does, sqrt(fma(y, y, x x)),
-so that both add the same values; the tests hold them to a float64 reference.
+on a GPU (a norm and two scattered additions, three passes), and on the CPU one
+pass of a numba kernel over the view's splats. The kernel takes each norm as
+torch's vectorised CPU norm does, sqrt(fma(y, y, x x)), so that both add the same
+values; the tests hold them to a float64 reference.
 """
 
 from __future__ import annotations
