@@ -47,6 +47,9 @@ over the lanes (``_lane_projections``, ``_lane_gradients``), each lane doing the
 operations of the scalar code, in its precisions, so the results are the scalar
 code's to the bit; then the results written out, the backward's summed into the
 Gaussians' rows in pair order. A fisheye camera's pairs run one at a time.
+The visibility test runs on the vector units the same way, ``LANES`` Gaussians at a
+time: the pinhole bound of each, then the box of those some camera may see, with
+the exponentials and logarithms taken lane by lane before or between the loops.
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_
 CHUNK = 256  # pairs (or Gaussians) per parallel task
 LANES = 64  # pairs whose arithmetic runs at once (``_lane_projections``, ``_lane_gradients``)
 LANE_INPUTS = 17  # a lane's values (``_fill_lane``)
+GEOMETRY_INPUTS = 10  # the first of them: a Gaussian's (``_fill_geometry``)
 PROJECTED = 7  # a lane's projection: means2d 2, conic 3, depth, compensation
 SLACK_PIXELS = 1.0  # the exact box is rounded up to whole pixels, and floats round
 
@@ -489,8 +493,8 @@ def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats,
 
 @numba.njit(inline="always")
 def _fill_geometry(lanes, j, means, quats, log_scales, g):  # pragma: no cover - compiled
-    """lanes[0:10, j]: Gaussian g's mean, quaternion and ``_scales`` (the exponentials
-    taken here: in a lane loop each would be a call, one lane at a time)."""
+    """lanes[:GEOMETRY_INPUTS, j]: Gaussian g's mean, quaternion and ``_scales`` (the
+    exponentials taken here: in a lane loop each would be a call, one lane at a time)."""
     lanes[0, j], lanes[1, j], lanes[2, j] = means[g, 0], means[g, 1], means[g, 2]
     lanes[3, j], lanes[4, j], lanes[5, j] = quats[g, 0], quats[g, 1], quats[g, 2]
     lanes[6, j] = quats[g, 3]
@@ -629,50 +633,183 @@ def _point_axis_may_see(offset, z, largest, focal, centre, size,
     return _ratios_may_see(ratio, ratio, z, largest, focal, centre, size, limits)
 
 
-@numba.njit(nogil=True, cache=True)
+# ``shape``'s rows: a described Gaussian's opacity and sigmas, then per camera its
+# covariance's diagonal, determinant, anti-aliased opacity, extent, means2d, radii and test.
+OPACITY, SIGMAS, A, CC, DET, SEEN, EXTENT, MX, MY, RX, RY, IN_IMAGE = range(12)
+SHAPE = 12
+
+
+@numba.njit(nogil=True, cache=True, error_model="numpy")  # (``_backward_pairs`` says why)
 def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, Ks, sizes,
                    limits, fisheye, antialiased, radii, visible):  # pragma: no cover - compiled
-    """Gaussians [lo, hi)'s columns of ``visibility``. An anti-aliased splat is drawn
-    with opacity times its compensation: its box and the opacity cull take that. A
-    fisheye camera's pairs have the near plane, box and image test of a pinhole's (as
-    gsplat's kernel), around the equidistant projection."""
-    for g in range(lo, hi):
-        largest = math.exp(max(np.float64(log_scales[g, 0]), np.float64(log_scales[g, 1]),
-                               np.float64(log_scales[g, 2])))
-        described = False
+    """Gaussians [lo, hi)'s columns of ``visibility``, ``LANES`` at a time: each one's
+    bound in every camera (``_bounds``), then the box of those some camera may see,
+    their shape and opacity described once (``_describe``); a pinhole camera's on the
+    vector units (``_pinhole_boxes``), a fisheye camera's one by one (``_box``). An
+    anti-aliased splat is drawn with opacity times its compensation: its box and the
+    opacity cull take that. A fisheye camera's pairs have the near plane, box and image
+    test of a pinhole's (as gsplat's kernel), around the equidistant projection."""
+    points = np.empty((3, LANES), means.dtype)
+    largest = np.empty(LANES)
+    sees = np.empty((viewmats.shape[0], LANES), np.bool_)
+    lanes = np.empty((GEOMETRY_INPUTS, LANES), means.dtype)
+    shape = np.empty((SHAPE, LANES))
+    described = np.empty(LANES, np.int64)
+    for first in range(lo, hi, LANES):
+        count = min(LANES, hi - first)
+        _bounds(first, count, means, log_scales, viewmats, Ks, sizes, limits, fisheye, points,
+                largest, sees, radii, visible)
+        n = _describe(first, count, sees, means, quats, log_scales, opacity_logits, lanes,
+                      shape, described)
         for c in range(viewmats.shape[0]):
-            width, height = sizes[c, 0], sizes[c, 1]
-            x, y, z = camera_point(means, g, viewmats, c)
-            radii[c, g, 0], radii[c, g, 1], visible[c, g] = 0, 0, False
-            if not (NEAR_PLANE < z < FAR_PLANE):
-                continue
-            # Most Gaussians of a large scene are out of a view's sight: the bound rules
-            # them out before their shape and opacity are computed.
-            if (fisheye is None or not fisheye[c]) and not (
-                    _point_axis_may_see(x, z, largest, Ks[c, 0, 0], Ks[c, 0, 2], width,
-                                        (limits[c, 0], limits[c, 1]))
-                    and _point_axis_may_see(y, z, largest, Ks[c, 1, 1], Ks[c, 1, 2], height,
-                                            (limits[c, 2], limits[c, 3]))):
-                continue
-            if not described:
-                _, _, _, _, _, rot = _rotation(quats, g)
-                scale = _scales(log_scales, g)
-                opacity = 1.0 / (1.0 + math.exp(-opacity_logits[g]))
-                sigmas = min(RADIUS_SIGMAS,
-                             math.sqrt(2 * math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)))
-                described = True
-            if opacity < ALPHA_MIN:
-                continue
             if fisheye is not None and fisheye[c]:
-                mx, my, jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
-                rx, ry, seen = _box(jw, rot, scale, mx, my, width, height, opacity, sigmas,
-                                    antialiased)
+                for k in range(n):
+                    if sees[c, described[k]]:
+                        _fisheye_box(first + described[k], c, k, lanes, shape, viewmats, Ks,
+                                     sizes, antialiased, radii, visible)
             else:
-                pinhole_jw, _, _, _, _ = _jw_rows(viewmats, Ks, limits, c, x, y, z)
-                rx, ry, seen = _box(pinhole_jw, rot, scale, Ks[c, 0, 0] * x / z + Ks[c, 0, 2],
-                                    Ks[c, 1, 1] * y / z + Ks[c, 1, 2], width, height, opacity,
-                                    sigmas, antialiased)
-            radii[c, g, 0], radii[c, g, 1], visible[c, g] = rx, ry, seen
+                _pinhole_boxes(first, n, c, sees, described, lanes, shape, viewmats, Ks, sizes,
+                               limits, antialiased, radii, visible)
+
+
+@numba.njit(inline="always")
+def _bounds(first, count, means, log_scales, viewmats, Ks, sizes, limits, fisheye, points,
+            largest, sees, radii, visible):  # pragma: no cover - compiled
+    """Gaussians first + j, j below ``count``: ``_lane_bounds`` in every camera, after
+    their means and largest scales are gathered (the exponential a call: one at a time);
+    their radii and tests cleared."""
+    for j in range(count):
+        g = first + j
+        points[0, j], points[1, j], points[2, j] = means[g, 0], means[g, 1], means[g, 2]
+        largest[j] = math.exp(max(np.float64(log_scales[g, 0]), np.float64(log_scales[g, 1]),
+                                  np.float64(log_scales[g, 2])))
+    for c in range(viewmats.shape[0]):
+        for j in range(count):
+            radii[c, first + j, 0], radii[c, first + j, 1] = 0, 0
+            visible[c, first + j] = False
+        _lane_bounds(np.uint64(count), points, largest, viewmats, Ks, sizes, limits, c,
+                     fisheye is not None and fisheye[c], sees)
+
+
+@numba.njit(inline="always")
+def _pinhole_boxes(first, n, c, sees, described, lanes, shape, viewmats, Ks, sizes, limits,
+                   antialiased, radii, visible):  # pragma: no cover - compiled
+    """The radii and test in pinhole camera c of the ``n`` described lanes it may see."""
+    _lane_boxes(np.uint64(n), lanes, shape, viewmats, Ks, limits, c, antialiased)
+    if antialiased:
+        for k in range(n):  # a logarithm each: a call, one lane at a time
+            shape[EXTENT, k] = _antialiased_extent(shape[SEEN, k], shape[DET, k],
+                                                   shape[SIGMAS, k])
+    _lane_radii(np.uint64(n), shape, sizes, c, antialiased)
+    for k in range(n):
+        g = first + described[k]
+        if sees[c, described[k]] and shape[IN_IMAGE, k] != 0:
+            radii[c, g, 0], radii[c, g, 1] = int(shape[RX, k]), int(shape[RY, k])
+            visible[c, g] = True
+
+
+@numba.njit(inline="always")
+def _lane_bounds(count, points, largest, viewmats, Ks, sizes, limits, c, fisheye,
+                 sees):  # pragma: no cover - compiled
+    """sees[c, j]: whether lane j's Gaussian, beyond the near plane and before the far
+    one, may be seen by camera c: by the pinhole bound of ``pinhole_axis_may_see`` (a
+    fisheye camera: any). On the vector units (``_lane_gradients`` says how)."""
+    fx, cx, width = Ks[c, 0, 0], Ks[c, 0, 2], sizes[c, 0]
+    fy, cy, height = Ks[c, 1, 1], Ks[c, 1, 2], sizes[c, 1]
+    x_limits, y_limits = (limits[c, 0], limits[c, 1]), (limits[c, 2], limits[c, 3])
+    for j in range(np.uint64(0), count):
+        x, y, z = _camera_point_of(points[0, j], points[1, j], points[2, j], viewmats, c)
+        in_depth = (NEAR_PLANE < z) & (z < FAR_PLANE)
+        bound = (_point_axis_may_see(x, z, largest[j], fx, cx, width, x_limits)
+                 & _point_axis_may_see(y, z, largest[j], fy, cy, height, y_limits))
+        sees[c, j] = in_depth & (bound | fisheye)
+
+
+@numba.njit(inline="always")
+def _describe(first, count, sees, means, quats, log_scales, opacity_logits, lanes, shape,
+              described):  # pragma: no cover - compiled
+    """Of lanes j below ``count``, those some camera may see (``sees``), packed: their
+    Gaussian's geometry (``_fill_geometry``), opacity and sigmas (exponentials and
+    logarithms: calls, one lane at a time) in lane k, and j in ``described[k]``; returns
+    how many."""
+    n = 0
+    for j in range(count):
+        seen = False
+        for c in range(sees.shape[0]):
+            seen |= sees[c, j]
+        if not seen:
+            continue
+        g = first + j
+        _fill_geometry(lanes, n, means, quats, log_scales, g)
+        opacity = 1.0 / (1.0 + math.exp(-opacity_logits[g]))
+        shape[OPACITY, n] = opacity
+        shape[SIGMAS, n] = min(RADIUS_SIGMAS,
+                               math.sqrt(2 * math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)))
+        described[n] = j
+        n += 1
+    return n
+
+
+@numba.njit(inline="always")
+def _lane_boxes(count, lanes, shape, viewmats, Ks, limits, c,
+                antialiased):  # pragma: no cover - compiled
+    """Of described lane k below ``count`` through pinhole camera c: its covariance's
+    a, cc and determinant, its opacity times its compensation (``antialiased``; else its
+    opacity), its unclamped extent (sigmas) and its means2d, into ``shape``."""
+    for k in range(np.uint64(0), count):
+        x, y, z = _camera_point_of(lanes[0, k], lanes[1, k], lanes[2, k], viewmats, c)
+        _, _, _, _, _, rot = _rotation_of(lanes[3, k], lanes[4, k], lanes[5, k], lanes[6, k])
+        jw, _, _, _, _ = _jw_rows(viewmats, Ks, limits, c, x, y, z)
+        _, a, bb, cc, undilated_det = _cov2d(jw, rot, (lanes[7, k], lanes[8, k], lanes[9, k]))
+        det = a * cc - bb * bb
+        shape[A, k], shape[CC, k], shape[DET, k] = a, cc, det
+        opacity = shape[OPACITY, k]
+        shape[SEEN, k] = opacity * _compensation(undilated_det, det) if antialiased else opacity
+        shape[EXTENT, k] = shape[SIGMAS, k]
+        shape[MX, k] = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
+        shape[MY, k] = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
+
+
+@numba.njit(inline="always")
+def _antialiased_extent(seen, det, sigmas):  # pragma: no cover - compiled
+    """An anti-aliased splat's extent in sigmas (``_box``'s), from its opacity times
+    compensation; sigmas where ``_box`` takes them (and where it culls the splat)."""
+    if det > 0 and not seen < ALPHA_MIN:
+        return min(RADIUS_SIGMAS, math.sqrt(2 * math.log(seen / ALPHA_MIN)))
+    return sigmas
+
+
+@numba.njit(inline="always")
+def _lane_radii(count, shape, sizes, c, antialiased):  # pragma: no cover - compiled
+    """``_box``'s radii and test of each described lane below ``count`` in camera c, from
+    ``_lane_boxes`` (and the anti-aliased extent): rx, ry and whether its splat is drawn
+    (culled where its opacity, or with ``antialiased`` its opacity times compensation, is
+    below ALPHA_MIN)."""
+    width, height = sizes[c, 0], sizes[c, 1]
+    for k in range(np.uint64(0), count):
+        a, cc, det, extent = shape[A, k], shape[CC, k], shape[DET, k], shape[EXTENT, k]
+        culled = (shape[OPACITY, k] < ALPHA_MIN) | (
+            antialiased & (det > 0) & (shape[SEEN, k] < ALPHA_MIN))
+        rx, ry = math.ceil(extent * math.sqrt(a)), math.ceil(extent * math.sqrt(cc))
+        mx, my = shape[MX, k], shape[MY, k]
+        drawn = ((not culled) & (det > 0) & ((rx > 0) | (ry > 0)) & (mx + rx > 0)
+                 & (mx - rx < width) & (my + ry > 0) & (my - ry < height))
+        shape[RX, k], shape[RY, k], shape[IN_IMAGE, k] = rx, ry, 1.0 if drawn else 0.0
+
+
+@numba.njit(inline="always")
+def _fisheye_box(g, c, k, lanes, shape, viewmats, Ks, sizes, antialiased, radii,
+                 visible):  # pragma: no cover - compiled
+    """Described lane k's (Gaussian g's) radii and test in fisheye camera c."""
+    opacity = shape[OPACITY, k]
+    if opacity < ALPHA_MIN:
+        return
+    x, y, z = _camera_point_of(lanes[0, k], lanes[1, k], lanes[2, k], viewmats, c)
+    _, _, _, _, _, rot = _rotation_of(lanes[3, k], lanes[4, k], lanes[5, k], lanes[6, k])
+    mx, my, jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
+    rx, ry, seen = _box(jw, rot, (lanes[7, k], lanes[8, k], lanes[9, k]), mx, my, sizes[c, 0],
+                        sizes[c, 1], opacity, shape[SIGMAS, k], antialiased)
+    radii[c, g, 0], radii[c, g, 1], visible[c, g] = rx, ry, seen
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
