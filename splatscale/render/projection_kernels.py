@@ -580,31 +580,12 @@ def project_backward(means, quats, log_scales, gaussian_ids, camera_offsets, vie
 
 
 @numba.njit(inline="always")
-def _box(jw, rot, scale, mx, my, width, height, opacity, sigmas,
-         antialiased):  # pragma: no cover - compiled
-    """(rx, ry, visible) of a pair in front of the camera, from its J W and means2d."""
-    _, a, bb, cc, undilated_det = _cov2d(jw, rot, scale)
-    det = a * cc - bb * bb
-    extent = sigmas
-    if antialiased and det > 0:
-        seen = opacity * _compensation(undilated_det, det)
-        if seen < ALPHA_MIN:
-            return 0, 0, False
-        extent = min(RADIUS_SIGMAS, math.sqrt(2 * math.log(seen / ALPHA_MIN)))
-    rx, ry = math.ceil(extent * math.sqrt(a)), math.ceil(extent * math.sqrt(cc))
-    if (det > 0 and (rx > 0 or ry > 0) and mx + rx > 0
-            and mx - rx < width and my + ry > 0 and my - ry < height):
-        return rx, ry, True
-    return 0, 0, False
-
-
-@numba.njit(inline="always")
 def pinhole_axis_may_see(offset, z, reach, near, largest, focal, centre, size,
                          limits):  # pragma: no cover - compiled
     """Whether the box of a splat whose camera-space centre lies within ``reach`` of
     (``offset``, ``z``) along one axis, nearer than ``near`` (beyond the near plane),
     with no scale above ``largest``, may meet the image along that axis: a bound of
-    ``_box``'s test (render/drift.py says why it holds). ``limits``: the axis's
+    ``_lane_radii``' test (render/drift.py says why it holds). ``limits``: the axis's
     ``_frustum_limits``."""
     low = high = (offset - reach) / (z - reach)
     for a in (-1.0, 1.0):
@@ -644,11 +625,11 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
                    limits, fisheye, antialiased, radii, visible):  # pragma: no cover - compiled
     """Gaussians [lo, hi)'s columns of ``visibility``, ``LANES`` at a time: each one's
     bound in every camera (``_bounds``), then the box of those some camera may see,
-    their shape and opacity described once (``_describe``); a pinhole camera's on the
-    vector units (``_pinhole_boxes``), a fisheye camera's one by one (``_box``). An
-    anti-aliased splat is drawn with opacity times its compensation: its box and the
-    opacity cull take that. A fisheye camera's pairs have the near plane, box and image
-    test of a pinhole's (as gsplat's kernel), around the equidistant projection."""
+    their shape and opacity described once (``_describe``), their boxes on the vector
+    units (``_boxes``; a fisheye camera's projection one by one). An anti-aliased
+    splat is drawn with opacity times its compensation: its box and the opacity cull
+    take that. A fisheye camera's pairs have the near plane, box and image test of a
+    pinhole's (as gsplat's kernel), around the equidistant projection."""
     points = np.empty((3, LANES), means.dtype)
     largest = np.empty(LANES)
     sees = np.empty((viewmats.shape[0], LANES), np.bool_)
@@ -663,13 +644,11 @@ def _visibility_of(lo, hi, means, quats, log_scales, opacity_logits, viewmats, K
                       shape, described)
         for c in range(viewmats.shape[0]):
             if fisheye is not None and fisheye[c]:
-                for k in range(n):
-                    if sees[c, described[k]]:
-                        _fisheye_box(first + described[k], c, k, lanes, shape, viewmats, Ks,
-                                     sizes, antialiased, radii, visible)
+                for k in range(n):  # the equidistant projection's arctangent: a call
+                    _fisheye_shape(k, lanes, shape, viewmats, Ks, c, antialiased)
             else:
-                _pinhole_boxes(first, n, c, sees, described, lanes, shape, viewmats, Ks, sizes,
-                               limits, antialiased, radii, visible)
+                _lane_shapes(np.uint64(n), lanes, shape, viewmats, Ks, limits, c, antialiased)
+            _boxes(first, n, c, sees, described, shape, sizes, antialiased, radii, visible)
 
 
 @numba.njit(inline="always")
@@ -692,10 +671,10 @@ def _bounds(first, count, means, log_scales, viewmats, Ks, sizes, limits, fishey
 
 
 @numba.njit(inline="always")
-def _pinhole_boxes(first, n, c, sees, described, lanes, shape, viewmats, Ks, sizes, limits,
-                   antialiased, radii, visible):  # pragma: no cover - compiled
-    """The radii and test in pinhole camera c of the ``n`` described lanes it may see."""
-    _lane_boxes(np.uint64(n), lanes, shape, viewmats, Ks, limits, c, antialiased)
+def _boxes(first, n, c, sees, described, shape, sizes, antialiased, radii,
+           visible):  # pragma: no cover - compiled
+    """The radii and test in camera c of the ``n`` described lanes it may see, from their
+    shapes in it (``_shape_in_camera``)."""
     if antialiased:
         for k in range(n):  # a logarithm each: a call, one lane at a time
             shape[EXTENT, k] = _antialiased_extent(shape[SEEN, k], shape[DET, k],
@@ -751,29 +730,48 @@ def _describe(first, count, sees, means, quats, log_scales, opacity_logits, lane
 
 
 @numba.njit(inline="always")
-def _lane_boxes(count, lanes, shape, viewmats, Ks, limits, c,
-                antialiased):  # pragma: no cover - compiled
-    """Of described lane k below ``count`` through pinhole camera c: its covariance's
-    a, cc and determinant, its opacity times its compensation (``antialiased``; else its
-    opacity), its unclamped extent (sigmas) and its means2d, into ``shape``."""
+def _shape_in_camera(k, shape, jw, rot, scale, mx, my, antialiased):  # pragma: no cover - compiled
+    """shape[:, k] of described lane k in a camera, from its J W and means2d: its
+    covariance's a, cc and determinant, its opacity times its compensation
+    (``antialiased``; else its opacity), its unclamped extent (sigmas) and its means2d."""
+    _, a, bb, cc, undilated_det = _cov2d(jw, rot, scale)
+    det = a * cc - bb * bb
+    shape[A, k], shape[CC, k], shape[DET, k] = a, cc, det
+    opacity = shape[OPACITY, k]
+    shape[SEEN, k] = opacity * _compensation(undilated_det, det) if antialiased else opacity
+    shape[EXTENT, k] = shape[SIGMAS, k]
+    shape[MX, k], shape[MY, k] = mx, my
+
+
+@numba.njit(inline="always")
+def _lane_shapes(count, lanes, shape, viewmats, Ks, limits, c,
+                 antialiased):  # pragma: no cover - compiled
+    """``_shape_in_camera`` of described lanes below ``count`` in pinhole camera c, on the
+    vector units."""
     for k in range(np.uint64(0), count):
         x, y, z = _camera_point_of(lanes[0, k], lanes[1, k], lanes[2, k], viewmats, c)
         _, _, _, _, _, rot = _rotation_of(lanes[3, k], lanes[4, k], lanes[5, k], lanes[6, k])
         jw, _, _, _, _ = _jw_rows(viewmats, Ks, limits, c, x, y, z)
-        _, a, bb, cc, undilated_det = _cov2d(jw, rot, (lanes[7, k], lanes[8, k], lanes[9, k]))
-        det = a * cc - bb * bb
-        shape[A, k], shape[CC, k], shape[DET, k] = a, cc, det
-        opacity = shape[OPACITY, k]
-        shape[SEEN, k] = opacity * _compensation(undilated_det, det) if antialiased else opacity
-        shape[EXTENT, k] = shape[SIGMAS, k]
-        shape[MX, k] = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
-        shape[MY, k] = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
+        _shape_in_camera(k, shape, jw, rot, (lanes[7, k], lanes[8, k], lanes[9, k]),
+                         Ks[c, 0, 0] * x / z + Ks[c, 0, 2], Ks[c, 1, 1] * y / z + Ks[c, 1, 2],
+                         antialiased)
+
+
+@numba.njit(inline="always")
+def _fisheye_shape(k, lanes, shape, viewmats, Ks, c, antialiased):  # pragma: no cover - compiled
+    """``_shape_in_camera`` of described lane k in fisheye camera c."""
+    x, y, z = _camera_point_of(lanes[0, k], lanes[1, k], lanes[2, k], viewmats, c)
+    _, _, _, _, _, rot = _rotation_of(lanes[3, k], lanes[4, k], lanes[5, k], lanes[6, k])
+    mx, my, jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
+    _shape_in_camera(k, shape, jw, rot, (lanes[7, k], lanes[8, k], lanes[9, k]), mx, my,
+                     antialiased)
 
 
 @numba.njit(inline="always")
 def _antialiased_extent(seen, det, sigmas):  # pragma: no cover - compiled
-    """An anti-aliased splat's extent in sigmas (``_box``'s), from its opacity times
-    compensation; sigmas where ``_box`` takes them (and where it culls the splat)."""
+    """An anti-aliased splat's extent in sigmas, from its opacity times compensation
+    (``seen``): a splat that faint is drawn no farther than its alpha reaches 1/255.
+    Its sigmas where its covariance is not positive definite, or it is culled."""
     if det > 0 and not seen < ALPHA_MIN:
         return min(RADIUS_SIGMAS, math.sqrt(2 * math.log(seen / ALPHA_MIN)))
     return sigmas
@@ -781,9 +779,10 @@ def _antialiased_extent(seen, det, sigmas):  # pragma: no cover - compiled
 
 @numba.njit(inline="always")
 def _lane_radii(count, shape, sizes, c, antialiased):  # pragma: no cover - compiled
-    """``_box``'s radii and test of each described lane below ``count`` in camera c, from
-    ``_lane_boxes`` (and the anti-aliased extent): rx, ry and whether its splat is drawn
-    (culled where its opacity, or with ``antialiased`` its opacity times compensation, is
+    """The box's radii (its extent times the covariance's deviations, rounded up) and the
+    test of each described lane below ``count`` in camera c, on the vector units: drawn
+    where the covariance is positive definite, the box meets the image, and the splat
+    is not culled (its opacity, or with ``antialiased`` its opacity times compensation,
     below ALPHA_MIN)."""
     width, height = sizes[c, 0], sizes[c, 1]
     for k in range(np.uint64(0), count):
@@ -795,21 +794,6 @@ def _lane_radii(count, shape, sizes, c, antialiased):  # pragma: no cover - comp
         drawn = ((not culled) & (det > 0) & ((rx > 0) | (ry > 0)) & (mx + rx > 0)
                  & (mx - rx < width) & (my + ry > 0) & (my - ry < height))
         shape[RX, k], shape[RY, k], shape[IN_IMAGE, k] = rx, ry, 1.0 if drawn else 0.0
-
-
-@numba.njit(inline="always")
-def _fisheye_box(g, c, k, lanes, shape, viewmats, Ks, sizes, antialiased, radii,
-                 visible):  # pragma: no cover - compiled
-    """Described lane k's (Gaussian g's) radii and test in fisheye camera c."""
-    opacity = shape[OPACITY, k]
-    if opacity < ALPHA_MIN:
-        return
-    x, y, z = _camera_point_of(lanes[0, k], lanes[1, k], lanes[2, k], viewmats, c)
-    _, _, _, _, _, rot = _rotation_of(lanes[3, k], lanes[4, k], lanes[5, k], lanes[6, k])
-    mx, my, jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
-    rx, ry, seen = _box(jw, rot, (lanes[7, k], lanes[8, k], lanes[9, k]), mx, my, sizes[c, 0],
-                        sizes[c, 1], opacity, shape[SIGMAS, k], antialiased)
-    radii[c, g, 0], radii[c, g, 1], visible[c, g] = rx, ry, seen
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
