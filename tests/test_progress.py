@@ -143,6 +143,15 @@ def test_a_cold_cache_is_filled_by_every_process(tmp_path):
     assert done.stdout.split() == ["False", "[]", "True"]
 
 
+def test_a_part_whose_process_fails_is_said():
+    """A part whose process fails apart is among those ``finish`` returns (a run then
+    compiles them itself)."""
+    from splatscale.backends.cpu_compile import compiling
+
+    with compiling(["unknown"]) as finish:
+        assert finish() == ["unknown"]
+
+
 @pytest.mark.parametrize("flags", [[], ["--nproc", "2"], pytest.param(
     ["--nproc", "2", "--absgrad"], marks=pytest.mark.slow)])
 def test_a_first_run_trains_the_model_later_runs_train(tmp_path, flags):

@@ -8,7 +8,8 @@ runs. ``compiling`` splits a first run's compile in three parts, each driven
 by a tiny synthetic step of its stages through the very calls training makes (so
 the argument types, and so the specialisations cached, are training's own): the
 geometry (visibility, projection, SH), the loss with Adam, and the pixels
-(binning, compositing), each in a child process. Three parts, not two, on two
+(binning, compositing), each in a child process, forked from one helper that
+imports splatscale and torch once for them all. Three parts, not two, on two
 cores: the operating system shares the cores among them, so the last ends near
 half the whole, where two halves of unequal size wait on the larger. What only
 some runs call is a part of its own (``VARIANTS``: AbsGS's compositing backward,
@@ -28,6 +29,8 @@ else depends on them.
 from __future__ import annotations
 
 import inspect
+import os
+import signal
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -85,23 +88,21 @@ def compiling(parts: Iterable[str] | None = None) -> Iterator[Callable[[], list[
     the children and returns the parts that could not start or failed, which the run
     then compiles itself; the block ending early (refused, interrupted) ends the
     children with it."""
-    children: dict[str, subprocess.Popen | None] = {}
+    wanted = list(PARTS if parts is None else parts)
+    helper = _started(wanted)
     try:
-        for part in PARTS if parts is None else parts:
-            children[part] = _started(part)
-
         def finish() -> list[str]:
-            return [part for part, child in children.items()
-                    if child is None or child.wait() != 0]
+            if helper is None:
+                return wanted
+            said, _ = helper.communicate()
+            return said.split() if helper.returncode == 0 else wanted
 
         yield finish
     finally:
-        started = [child for child in children.values() if child is not None]
-        for child in started:  # every one told first, so that none outlives an interrupt
-            if child.poll() is None:
-                child.kill()
-        for child in started:
-            child.wait()
+        if helper is not None:
+            if helper.poll() is None:  # the helper leads a session of its own: all of it
+                os.killpg(helper.pid, signal.SIGKILL)
+            helper.wait()
 
 
 def missing_variants(absgrad: bool, fisheye: bool) -> list[str]:
@@ -118,16 +119,38 @@ def compile_variants(names: list[str]) -> list[str]:
         return finish()
 
 
-def _started(part: str) -> subprocess.Popen | None:
-    """A child compiling ``part`` (of ``CHILD_PARTS``), or None where it could not
+def _started(parts: list[str]) -> subprocess.Popen | None:
+    """The helper compiling ``parts`` (``_compile_apart``), or None where it could not
     start."""
     package_root = Path(__file__).resolve().parents[2]  # a child imports this splatscale
     try:
-        return subprocess.Popen([sys.executable, "-m", __name__, part], cwd=package_root,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        return subprocess.Popen([sys.executable, "-m", __name__, *parts], cwd=package_root,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, start_new_session=True)
     except OSError:
         return None
+
+
+def _compile_apart(parts: list[str]) -> None:
+    """The helper's work: ``parts`` compiled at once, each in a process forked from
+    this one, so that splatscale and torch are imported once rather than once a part;
+    prints the parts that failed."""
+    children = {}
+    for part in parts:
+        # Forking is safe here: the helper has run nothing, and its only other threads
+        # are OpenBLAS's, which OpenBLAS stops around a fork.
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # ours alone
+                CHILD_PARTS[part]()
+                code = 0
+            finally:
+                os._exit(code)
+        children[part] = pid
+    print(" ".join(part for part, pid in children.items()
+                   if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0))
 
 
 def _camera(model: str = "pinhole") -> Camera:
@@ -209,4 +232,4 @@ VARIANTS = {
 CHILD_PARTS = {**PARTS, **{name: variant.part for name, variant in VARIANTS.items()}}
 
 if __name__ == "__main__":
-    CHILD_PARTS[sys.argv[1]]()
+    _compile_apart(sys.argv[1:])
