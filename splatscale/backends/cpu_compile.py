@@ -143,7 +143,8 @@ def _compile_apart(parts: list[str]) -> None:
         if pid == 0:
             code = 1
             try:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # ours alone
+                # The pipe carries the helper's report alone.
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
                 CHILD_PARTS[part]()
                 code = 0
             finally:
