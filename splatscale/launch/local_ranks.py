@@ -15,7 +15,6 @@ environment, and the signals and exit status of the whole.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import select
 import signal
@@ -26,6 +25,7 @@ import time
 
 from splatscale.errors import QUIET_EXIT, SplatscaleError, interrupt
 from splatscale.messages import say
+from splatscale.parent_death import die_with_parent
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 STOP_PIPE = "SPLATSCALE_STOP_FD"  # set in a rank's environment by this launcher
@@ -152,21 +152,9 @@ def as_launched_rank() -> None:
     as Ctrl-C during start-up)."""
     if not launched():
         return
-    _die_with_parent()
+    die_with_parent(signal.SIGTERM)  # elsewhere than Linux, the stop pipe's end tells
     for signum in STOP_SIGNALS:
         signal.signal(signum, interrupt)
     readable, _, _ = select.select([int(os.environ[STOP_PIPE])], [], [], 0)
     if readable:  # a stop byte, or the end of the pipe: the launcher is gone
         raise KeyboardInterrupt
-
-
-def _die_with_parent() -> None:
-    """SIGTERM this process when its parent dies (Linux's PR_SET_PDEATHSIG)."""
-    parent = os.getppid()
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, int(signal.SIGTERM))
-    except (OSError, AttributeError):  # not Linux: the stop pipe's end still tells
-        return
-    if os.getppid() != parent:  # it died before the request was made
-        os.kill(os.getpid(), signal.SIGTERM)
