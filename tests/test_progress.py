@@ -145,11 +145,65 @@ def test_a_cold_cache_is_filled_by_every_process(tmp_path):
 
 def test_a_part_whose_process_fails_is_said():
     """A part whose process fails apart is among those ``finish`` returns (a run then
-    compiles them itself)."""
+    compiles them itself); no part, no process."""
     from splatscale.backends.cpu_compile import compiling
 
     with compiling(["unknown"]) as finish:
         assert finish() == ["unknown"]
+    with compiling([]) as finish:
+        assert finish() == []
+
+
+def test_parts_started_afresh_where_the_helper_does_not_fork():
+    """Off Linux the helper starts each part as a process of its own, and says which
+    failed as the forked ones do."""
+    script = ("import sys\nfrom splatscale.backends.cpu_compile import _compile_apart\n"
+              "sys.platform = 'darwin'\n_compile_apart(['unknown'])")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=HANG_GUARD)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["unknown"]
+
+
+HELPER_KILLED = """
+import os, signal, time
+from splatscale.backends.cpu_compile import compiling
+
+def children(pid):
+    found = []
+    for proc in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{proc}/stat") as stat:
+                if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    found.append(int(proc))
+        except (OSError, ValueError):
+            pass
+    return found
+
+with compiling(["loss"]) as finish:
+    helper, = children(os.getpid())
+    while not children(helper):  # the helper has imported and forked its part
+        time.sleep(0.05)
+    part, = children(helper)
+    os.kill(helper, signal.SIGKILL)
+    print(finish())
+while os.path.exists(f"/proc/{part}") and open(f"/proc/{part}/stat").read().split()[2] != "Z":
+    time.sleep(0.05)
+print("part ended")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks on Linux alone")
+def test_a_helper_killed_takes_its_parts_with_it(tmp_path):
+    """The helper killed outright (as by the kernel, out of memory): its forked part
+    ends with it, before it compiles SSIM, and ``finish`` says that part failed (the
+    run compiles it itself)."""
+    done = subprocess.run([sys.executable, "-c", HELPER_KILLED], capture_output=True,
+                          text=True, env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+                          timeout=HANG_GUARD)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["['loss']", "part ended"]
+    assert not list(tmp_path.rglob("*_ssim_value_and_grad*"))
 
 
 @pytest.mark.parametrize("flags", [[], ["--nproc", "2"], pytest.param(

@@ -8,8 +8,8 @@ runs. ``compiling`` splits a first run's compile in three parts, each driven
 by a tiny synthetic step of its stages through the very calls training makes (so
 the argument types, and so the specialisations cached, are training's own): the
 geometry (visibility, projection, SH), the loss with Adam, and the pixels
-(binning, compositing), each in a child process, forked from one helper that
-imports splatscale and torch once for them all. Three parts, not two, on two
+(binning, compositing), each in a child process of one helper, which on Linux
+forks them once it has imported splatscale and torch for them all. Three parts, not two, on two
 cores: the operating system shares the cores among them, so the last ends near
 half the whole, where two halves of unequal size wait on the larger. What only
 some runs call is a part of its own (``VARIANTS``: AbsGS's compositing backward,
@@ -43,6 +43,7 @@ from numba import types
 from splatscale.backends.cpu import BACKEND
 from splatscale.data.cameras import Camera
 from splatscale.model.gaussians import SH_REST, GaussianModel
+from splatscale.parent_death import die_with_parent
 from splatscale.render import compositing_kernels, projection_kernels, sh_kernels
 from splatscale.render.projection import project
 from splatscale.render.rasterize import rasterize
@@ -58,6 +59,7 @@ CHECKED = (compositing_kernels.forward, compositing_kernels.backward,
 ABSGRAD_CHECKED = (compositing_kernels.backward_with_absgrad,)
 FISHEYE_CHECKED = (projection_kernels.visibility, projection_kernels.project_backward)
 WIDTH, HEIGHT, COUNT = 40, 30, 16
+ALONE = "--alone"  # the helper's argument for one part, compiled in that process itself
 
 
 def kernels_cached(kernels: tuple = CHECKED, fisheye: bool = False) -> bool:
@@ -89,8 +91,13 @@ def compiling(parts: Iterable[str] | None = None) -> Iterator[Callable[[], list[
     then compiles itself; the block ending early (refused, interrupted) ends the
     children with it."""
     wanted = list(PARTS if parts is None else parts)
-    helper = _started(wanted)
+    if not wanted:
+        yield list
+        return
+    helper = None
     try:
+        helper = _started(wanted)
+
         def finish() -> list[str]:
             if helper is None:
                 return wanted
@@ -132,26 +139,40 @@ def _started(parts: list[str]) -> subprocess.Popen | None:
 
 
 def _compile_apart(parts: list[str]) -> None:
-    """The helper's work: ``parts`` compiled at once, each in a process forked from
-    this one, so that splatscale and torch are imported once rather than once a part;
-    prints the parts that failed."""
-    children = {}
-    for part in parts:
-        # Forking is safe here: the helper has run nothing, and its only other threads
-        # are OpenBLAS's, which OpenBLAS stops around a fork.
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                # The pipe carries the helper's report alone.
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-                CHILD_PARTS[part]()
-                code = 0
-            finally:
-                os._exit(code)
-        children[part] = pid
-    print(" ".join(part for part, pid in children.items()
-                   if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0))
+    """The helper's work: ``parts`` compiled at once, each in a process of its own, and
+    the parts that failed printed. On Linux each process is forked from the helper, so
+    that splatscale and torch are imported once rather than once a part; elsewhere
+    (macOS: a fork after threads have started may hang) each is started afresh. The
+    helper, and each forked process, ends with its parent."""
+    die_with_parent(signal.SIGKILL)
+    starts = _forked if sys.platform.startswith("linux") else _spawned
+    ends = {part: starts(part) for part in parts}
+    print(" ".join(part for part, end in ends.items() if end() != 0))
+
+
+def _forked(part: str) -> Callable[[], int]:
+    """A process forked to compile ``part``; what waits for its exit status."""
+    # Forking is safe here: the helper has run nothing, and its only other threads are
+    # OpenBLAS's, which OpenBLAS stops around a fork.
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            die_with_parent(signal.SIGKILL)
+            # The pipe carries the helper's report alone.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            CHILD_PARTS[part]()
+            code = 0
+        finally:
+            os._exit(code)
+    return lambda: os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def _spawned(part: str) -> Callable[[], int]:
+    """A process started afresh to compile ``part`` alone; what waits for its exit
+    status."""
+    return subprocess.Popen([sys.executable, "-m", __name__, ALONE, part],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL).wait
 
 
 def _camera(model: str = "pinhole") -> Camera:
@@ -233,4 +254,7 @@ VARIANTS = {
 CHILD_PARTS = {**PARTS, **{name: variant.part for name, variant in VARIANTS.items()}}
 
 if __name__ == "__main__":
-    _compile_apart(sys.argv[1:])
+    if sys.argv[1] == ALONE:
+        CHILD_PARTS[sys.argv[2]]()
+    else:
+        _compile_apart(sys.argv[1:])
