@@ -2,8 +2,10 @@
 
 from splatscale.allocator import keep_freed_memory
 from splatscale.threads import choose_threading_layer
+from splatscale.vector_width import prefer_full_vectors
 
 __version__ = "0.1.0"
 
 keep_freed_memory()
 choose_threading_layer()
+prefer_full_vectors()

@@ -1,0 +1,88 @@
+"""numba compiles for 512-bit vectors where the host has AVX-512, unless told a target."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import llvmlite.binding as llvm
+import pytest
+from llvmlite.binding import FeatureMap
+
+from splatscale import vector_width
+
+HOST_HAS_AVX512 = llvm.get_host_cpu_features().get("avx512f", False)
+
+# A loop LLVM vectorises, compiled in a fresh process after ``PRELUDE``; prints whether
+# its code uses 512-bit registers and the features numba compiled for.
+PROBE = """
+import numpy as np, numba
+{prelude}
+@numba.njit
+def scaled(values, factors):
+    for i in range(values.shape[0]):
+        values[i] = values[i] * factors[i]
+scaled(np.ones(4096, np.float32), np.ones(4096, np.float32))
+code = next(iter(scaled.inspect_asm().values()))
+print("zmm" in code, numba.config.CPU_FEATURES)
+"""
+
+
+def probe(prelude: str, **environment: str) -> tuple[bool, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("NUMBA_CPU_")}
+    out = subprocess.run([sys.executable, "-c", PROBE.format(prelude=prelude)],
+                         env={**clean, **environment}, capture_output=True, text=True,
+                         check=True, timeout=300).stdout.split(maxsplit=1)
+    return out[0] == "True", out[1].strip()
+
+
+def features(**flags: bool) -> FeatureMap:
+    feature_map = FeatureMap()
+    feature_map.update(flags)
+    return feature_map
+
+
+def test_the_preference_is_dropped_only_where_the_host_has_avx512(monkeypatch):
+    monkeypatch.setattr(llvm, "get_host_cpu_features",
+                        lambda: features(avx2=True, avx512f=True, sse2=True))
+    assert vector_width.full_vector_features() == "+avx2,+avx512f,+sse2,-prefer-256-bit"
+    monkeypatch.setattr(llvm, "get_host_cpu_features",
+                        lambda: features(avx2=True, avx512f=False))
+    assert vector_width.full_vector_features() is None
+
+
+def test_a_host_llvm_cannot_ask_keeps_numbas_own_target(monkeypatch):
+    def unknown() -> FeatureMap:
+        raise RuntimeError("failed to get host cpu features.")
+
+    monkeypatch.setattr(llvm, "get_host_cpu_features", unknown)
+    assert vector_width.full_vector_features() is None
+
+
+@pytest.mark.parametrize("variable", ["NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME"])
+def test_a_target_the_user_names_is_kept(monkeypatch, variable):
+    monkeypatch.delenv("NUMBA_CPU_FEATURES", raising=False)
+    monkeypatch.delenv("NUMBA_CPU_NAME", raising=False)
+    monkeypatch.setenv(variable, "generic" if variable == "NUMBA_CPU_NAME" else "+sse2")
+    vector_width.prefer_full_vectors()
+    assert os.environ.get("NUMBA_CPU_FEATURES") == (
+        None if variable == "NUMBA_CPU_NAME" else "+sse2")
+
+
+@pytest.mark.skipif(not HOST_HAS_AVX512, reason="the host has no AVX-512")
+@pytest.mark.parametrize("prelude", ["import splatscale",
+                                     "import numba.core.registry\nimport splatscale"])
+def test_kernels_compile_to_512_bit_vectors(prelude):
+    """Whether splatscale is imported before numba or after it."""
+    wide, compiled_for = probe(prelude)
+    assert wide and compiled_for.endswith(vector_width.WITHOUT_PREFERENCE)
+
+
+@pytest.mark.skipif(not HOST_HAS_AVX512, reason="the host has no AVX-512")
+def test_the_users_features_are_what_numba_compiles_for():
+    """The host's own features, with LLVM's tuning for its core (256 bits on Intel's)."""
+    narrow = llvm.get_host_cpu_features().flatten()
+    wide, compiled_for = probe("import splatscale", NUMBA_CPU_FEATURES=narrow)
+    assert compiled_for == narrow
+    assert wide == probe("", NUMBA_CPU_FEATURES=narrow)[0] == probe("")[0]
