@@ -34,6 +34,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from splatscale import vector_width
 from splatscale.data import load_scene
 from splatscale.data.images import ImageStore
 from splatscale.train.config import TrainConfig
@@ -144,6 +145,8 @@ def baseline_measure(args) -> dict:
                "--seed", str(args.seed),
                "--batch-sizes", *map(str, args.batch_sizes), "--marks", *map(str, args.marks)]
     env = dict(os.environ, PYTHONPATH=str(args.baseline.resolve()))
+    if vector_width.chosen is not None and env.get("NUMBA_CPU_FEATURES") == vector_width.chosen:
+        del env["NUMBA_CPU_FEATURES"]  # this code's target: the baseline chooses its own
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -20,6 +20,9 @@ import platform
 import sys
 
 WITHOUT_PREFERENCE = "-prefer-256-bit"
+# The features this process put in NUMBA_CPU_FEATURES, if it did: a process it starts
+# that runs other code (an older checkout, for a benchmark) should not inherit them.
+chosen: str | None = None
 
 
 def prefer_full_vectors() -> None:
@@ -32,7 +35,8 @@ def prefer_full_vectors() -> None:
     features = full_vector_features()
     if features is None:
         return
-    os.environ["NUMBA_CPU_FEATURES"] = features
+    global chosen
+    os.environ["NUMBA_CPU_FEATURES"] = chosen = features
     config = sys.modules.get("numba.core.config")
     if config is not None:  # numba was imported first: its configuration is read already
         # numba makes its options module globals at run time, so its types lack them

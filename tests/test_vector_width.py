@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import llvmlite.binding as llvm
+import numba
 import pytest
 from llvmlite.binding import FeatureMap
 
@@ -58,6 +59,27 @@ def test_a_host_llvm_cannot_ask_keeps_numbas_own_target(monkeypatch):
 
     monkeypatch.setattr(llvm, "get_host_cpu_features", unknown)
     assert vector_width.full_vector_features() is None
+
+
+def test_the_features_chosen_reach_numba_and_the_processes_started_here(monkeypatch):
+    monkeypatch.delenv("NUMBA_CPU_FEATURES", raising=False)
+    monkeypatch.delenv("NUMBA_CPU_NAME", raising=False)
+    monkeypatch.setattr(vector_width, "chosen", None)
+    monkeypatch.setattr(numba.config, "CPU_FEATURES", numba.config.CPU_FEATURES)
+    monkeypatch.setattr(vector_width.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(llvm, "get_host_cpu_features", lambda: features(avx512f=True))
+    vector_width.prefer_full_vectors()
+    assert (os.environ["NUMBA_CPU_FEATURES"] == vector_width.chosen == numba.config.CPU_FEATURES
+            == "+avx512f,-prefer-256-bit")
+
+
+def test_other_architectures_keep_numbas_own_target(monkeypatch):
+    monkeypatch.delenv("NUMBA_CPU_FEATURES", raising=False)
+    monkeypatch.delenv("NUMBA_CPU_NAME", raising=False)
+    monkeypatch.setattr(vector_width.platform, "machine", lambda: "arm64")
+    monkeypatch.setattr(llvm, "get_host_cpu_features", lambda: features(avx512f=True))
+    vector_width.prefer_full_vectors()
+    assert "NUMBA_CPU_FEATURES" not in os.environ
 
 
 @pytest.mark.parametrize("variable", ["NUMBA_CPU_FEATURES", "NUMBA_CPU_NAME"])
