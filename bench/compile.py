@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from report import emit
+from report import commands_target, emit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -56,7 +56,8 @@ def main() -> None:
     args = parser.parse_args()
     result = {"data": str(args.data), "resolution": args.resolution,
               "cores": len(os.sched_getaffinity(0)),
-              "threading_layer": os.environ.get("NUMBA_THREADING_LAYER", "splatscale's choice")}
+              "threading_layer": os.environ.get("NUMBA_THREADING_LAYER", "splatscale's choice"),
+              "cpu_target": commands_target()}
     if args.baseline is not None:
         result["baseline"] = measure(args.baseline.resolve(), args)
     result["this"] = measure(ROOT, args)

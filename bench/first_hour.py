@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from report import emit
+from report import commands_target, emit
 
 DEFAULT_SCENE = Path(__file__).resolve().parents[1] / "tests" / "data" / "snowmiku"
 QUICK_LOOK = ("--schedule-scale", "0.1", "--max-pixels", "500K")
@@ -55,7 +55,8 @@ def main() -> None:
         if args.full:
             runs["full"] = train(args.scene, base / "full", base / "cache")
     emit({"scene": str(args.scene), **runs,
-          "threading_layer": runs["quick_look"]["threading_layer"]})
+          "threading_layer": runs["quick_look"]["threading_layer"],
+          "cpu_target": commands_target()})
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ with older splatscales."""
 from __future__ import annotations
 
 import json
+import os
 
 import llvmlite.binding as llvm
 import numba
@@ -24,8 +25,20 @@ def emit(result: dict) -> None:
 
 
 def cpu_target() -> str:
-    """The CPU numba compiles for, and "-prefer-256-bit" where its 256-bit preference
-    is dropped (``splatscale/vector_width.py``)."""
+    """The CPU numba compiles for in this process, with "-prefer-256-bit" where its
+    256-bit preference is dropped (``splatscale/vector_width.py``), or "NUMBA_CPU_FEATURES"
+    where other features are named."""
     name = numba.config.CPU_NAME or llvm.get_host_cpu_name()
-    features = numba.config.CPU_FEATURES or ""
-    return f"{name} -prefer-256-bit" if "-prefer-256-bit" in features else name
+    features = numba.config.CPU_FEATURES
+    if features is None:
+        return name
+    named = "-prefer-256-bit" if "-prefer-256-bit" in features else "NUMBA_CPU_FEATURES"
+    return f"{name} {named}"
+
+
+def commands_target() -> str:
+    """What the splatscale commands a benchmark starts compile for: splatscale's choice
+    (``splatscale/vector_width.py``), unless numba's variables name a target."""
+    named = [n for n in ("NUMBA_CPU_NAME", "NUMBA_CPU_FEATURES", "NUMBA_ENABLE_AVX")
+             if n in os.environ]
+    return " ".join(named) or "splatscale's choice"

@@ -34,7 +34,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from splatscale import vector_width
 from splatscale.data import load_scene
 from splatscale.data.images import ImageStore
 from splatscale.train.config import TrainConfig
@@ -141,12 +140,16 @@ def measure(args) -> dict:
 
 def baseline_measure(args) -> dict:
     """This script's measurement with the splatscale of ``args.baseline``."""
+    # Imported here, not at the top: the child runs this script with a splatscale that
+    # may predate the module.
+    from splatscale.vector_width import CHOSEN, chosen_by_splatscale
+
     command = [sys.executable, __file__, args.scene, "--resolution", str(args.resolution),
                "--seed", str(args.seed),
                "--batch-sizes", *map(str, args.batch_sizes), "--marks", *map(str, args.marks)]
     env = dict(os.environ, PYTHONPATH=str(args.baseline.resolve()))
-    if vector_width.chosen is not None and env.get("NUMBA_CPU_FEATURES") == vector_width.chosen:
-        del env["NUMBA_CPU_FEATURES"]  # this code's target: the baseline chooses its own
+    if chosen_by_splatscale(env):  # this code's target: the baseline chooses its own
+        del env["NUMBA_CPU_FEATURES"], env[CHOSEN]
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
