@@ -458,8 +458,9 @@ def _run(args: argparse.Namespace) -> int:
     with native.stop_signals_held():
         native.load_all()  # first: no other thread is there to run a library's own handler
         from splatscale import commands
-        from splatscale.threads import use_threads
+        from splatscale.threads import ready_vector_math, use_threads
 
+    ready_vector_math()  # before any of torch's threads computes
     if getattr(args, "threads", None):
         use_threads(args.threads)
     return commands.COMMANDS[args.command](args) or 0
