@@ -255,7 +255,7 @@ class Page:
             still.on_click(lambda event: self._still(event.client))
             if self.scenery is not None:
                 self.show_cameras = gui.add_checkbox("Show cameras", initial_value=True)
-                self.show_cameras.on_update(lambda _: self._show_cameras())
+                self.show_cameras.on_update(lambda _: self.jobs.put(self._show_cameras))
                 gui.add_html(_legend(bool(self.scenery.test_ids)))
         with gui.add_folder("Exact render", order=RENDERS_ORDER):
             self.render_text = gui.add_markdown(
@@ -283,6 +283,8 @@ class Page:
             frustum.on_click(lambda event, index=index: self._look_through(event.client, index))
 
     def _show_cameras(self) -> None:
+        # On the serving thread, one toggle after another: viser's visibility setter,
+        # run on two of its threads at once, can skip the later value.
         self.cameras.visible = self.show_cameras.value
 
     def _open_at(self, framing: Framing) -> None:
