@@ -12,6 +12,7 @@ last refresh took.
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import numpy as np
@@ -49,6 +50,8 @@ class LiveRun:
         self._panel_at = self._plot_at = -math.inf
         self._model_at, self._model_cost, self._asked_at = -math.inf, 0.0, 0.0
         self.splats_sent = 0  # models drawn in the browsers
+        # viser's visibility setters, run on two threads at once, can skip the later value
+        self._buttons = threading.Lock()
         self._build()
         page.server.on_client_connect(self._new_browser)
 
@@ -102,7 +105,8 @@ class LiveRun:
 
     def finished(self, images: int) -> None:
         self.state, self.note = "finished", f"the run's outputs are written after image {images:,}"
-        self.pause.visible = self.resume.visible = self.checkpoint.visible = False
+        with self._buttons:
+            self.pause.visible = self.resume.visible = self.checkpoint.visible = False
         now = time.monotonic()
         self._show_progress(now)
         self._show_plot(now)
@@ -130,7 +134,8 @@ class LiveRun:
 
     def _ask_pause(self, pause: bool) -> None:
         self._pause_asked = pause
-        self.pause.visible, self.resume.visible = not pause, pause
+        with self._buttons:
+            self.pause.visible, self.resume.visible = not pause, pause
         self.note = "pausing after this step" if pause else ""
 
     def _ask_checkpoint(self) -> None:
