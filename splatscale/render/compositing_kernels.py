@@ -215,55 +215,64 @@ def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, 
     ``out_depth`` gets the alpha-weighted depth sum (no background); ``out_blocks[k]``
     and packed row k's BLOCKS_REACHED the blocks where intersection k changed a pixel.
     """
+    for i in nb.prange(tile_order.shape[0]):
+        _composite_tile(tile_order[i], packed, background, offsets, tiles_x, tile_row0, width,
+                        y0, y1, out_rgb, out_depth, out_T, out_last, out_blocks)
+
+
+# numpy's error model, as in the parallel loops that call them: a division by zero gives
+# inf rather than raising, so no branch to raise keeps a pixel loop off the vector units.
+@nb.njit(fastmath=True, cache=True, error_model="numpy")
+def _composite_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y0, y1,
+                    out_rgb, out_depth, out_T, out_last, out_blocks):  # pragma: no cover - compiled
+    """``forward`` of tile t."""
     zero, one, _, _, _, _ = _constants(packed.dtype)
     dtype = packed.dtype
-    for i in nb.prange(tile_order.shape[0]):
-        t = tile_order[i]
-        tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
-        px, py = _pixel_centres(tile_x, tile_y, dtype)
-        T = np.ones(PIXELS, dtype)
-        live = np.empty(PIXELS, dtype)
-        last = np.full(PIXELS, -one, dtype)  # tile-local index of the last contributor
-        acc = np.zeros((CHANNELS, PIXELS), dtype)
-        start = offsets[t]
-        n_live = 0
-        block_live = np.empty(BLOCKS, np.int64)  # pixels of each block still compositing
-        for block in range(BLOCKS):
-            # Block by block, without a branch: each block's count is one vector sum.
-            inside_block = 0
-            for p in _pixels(block * BLOCK, (block + 1) * BLOCK):
-                x, y = _tile_xy(p)
-                x, y = tile_x * TILE + x, tile_y * TILE + y
-                inside = (x < width) & (y0 <= y) & (y < y1)
-                live[p] = one if inside else zero
-                inside_block += 1 if inside else 0
-            block_live[block] = inside_block
-            n_live += inside_block
-        for k in range(start, offsets[t + 1]):
-            if n_live == 0:
-                break
-            reached, changed = int(packed[k, BLOCKS_REACHED]), 0
-            for block in range(BLOCKS):
-                if reached >> block & 1 and block_live[block] > 0:
-                    stopped, any_changed = _blend_splat(
-                        k, packed, dtype.type(k - start), px, py, T, live, last, acc,
-                        block * BLOCK, (block + 1) * BLOCK)
-                    block_live[block] -= stopped
-                    n_live -= stopped
-                    changed |= (1 << block) if any_changed else 0
-            # The backward walks only these: in the others the splat changed no pixel,
-            # so it has no gradient there.
-            packed[k, BLOCKS_REACHED] = changed
-            out_blocks[k] = changed
-        for p in range(PIXELS):
+    tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
+    px, py = _pixel_centres(tile_x, tile_y, dtype)
+    T = np.ones(PIXELS, dtype)
+    live = np.empty(PIXELS, dtype)
+    last = np.full(PIXELS, -one, dtype)  # tile-local index of the last contributor
+    acc = np.zeros((CHANNELS, PIXELS), dtype)
+    start = offsets[t]
+    n_live = 0
+    block_live = np.empty(BLOCKS, np.int64)  # pixels of each block still compositing
+    for block in range(BLOCKS):
+        # Block by block, without a branch: each block's count is one vector sum.
+        inside_block = 0
+        for p in _pixels(block * BLOCK, (block + 1) * BLOCK):
             x, y = _tile_xy(p)
             x, y = tile_x * TILE + x, tile_y * TILE + y
-            if x < width and y0 <= y and y < y1:
-                for ch in range(3):
-                    out_rgb[y - y0, x, ch] = acc[ch, p] + T[p] * background[ch]
-                out_depth[y - y0, x] = acc[3, p]
-                out_T[y - y0, x] = T[p]
-                out_last[y - y0, x] = start + int(last[p])
+            inside = (x < width) & (y0 <= y) & (y < y1)
+            live[p] = one if inside else zero
+            inside_block += 1 if inside else 0
+        block_live[block] = inside_block
+        n_live += inside_block
+    for k in range(start, offsets[t + 1]):
+        if n_live == 0:
+            break
+        reached, changed = int(packed[k, BLOCKS_REACHED]), 0
+        for block in range(BLOCKS):
+            if reached >> block & 1 and block_live[block] > 0:
+                stopped, any_changed = _blend_splat(
+                    k, packed, dtype.type(k - start), px, py, T, live, last, acc,
+                    block * BLOCK, (block + 1) * BLOCK)
+                block_live[block] -= stopped
+                n_live -= stopped
+                changed |= (1 << block) if any_changed else 0
+        # The backward walks only these: in the others the splat changed no pixel,
+        # so it has no gradient there.
+        packed[k, BLOCKS_REACHED] = changed
+        out_blocks[k] = changed
+    for p in range(PIXELS):
+        x, y = _tile_xy(p)
+        x, y = tile_x * TILE + x, tile_y * TILE + y
+        if x < width and y0 <= y and y < y1:
+            for ch in range(3):
+                out_rgb[y - y0, x, ch] = acc[ch, p] + T[p] * background[ch]
+            out_depth[y - y0, x] = acc[3, p]
+            out_T[y - y0, x] = T[p]
+            out_last[y - y0, x] = start + int(last[p])
 
 
 @nb.njit(inline="always", fastmath=True)
@@ -350,8 +359,9 @@ def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width,
     ``isect_grads`` written, up to GRAD_DEPTH). ``isect_grads`` may be ``packed``
     itself: a row is read before it is written, and its BLOCKS_REACHED column kept
     (zeroed behind every pixel's last contributor, where no backward reads it)."""
-    _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1,
-              final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, False)
+    for i in nb.prange(tile_order.shape[0]):
+        _backprop_tile(tile_order[i], packed, background, offsets, tiles_x, tile_row0, width,
+                       y0, y1, final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, False)
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
@@ -359,50 +369,51 @@ def backward_with_absgrad(packed, background, offsets, tile_order, tiles_x, tile
                           y1, final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads):
     """``backward``, up to GRAD_ABS_MEAN + 1: each intersection's absolute per-pixel
     means2d gradients summed too."""
-    _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1,
-              final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, True)
+    for i in nb.prange(tile_order.shape[0]):
+        _backprop_tile(tile_order[i], packed, background, offsets, tiles_x, tile_row0, width,
+                       y0, y1, final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, True)
 
 
-# Inlined into each kernel above with ``absgrad`` a constant: each compiles only its own
-# branches, and neither pays a run-time test in the pixel loop.
-@nb.njit(inline="always", fastmath=True)
-def _backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1,
-              final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, absgrad):
+@nb.njit(fastmath=True, cache=True, error_model="numpy")  # (``_composite_tile`` says why)
+def _backprop_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y0, y1, final_T,
+                   last_index, v_rgb, v_depth, v_alpha, isect_grads,
+                   absgrad):  # pragma: no cover - compiled
+    """The backward of tile t; ``absgrad`` compiled as a constant (each kernel above has
+    only its own branches, and neither pays a run-time test in the pixel loop)."""
+    nb.literally(absgrad)
     one = _constants(packed.dtype)[1]
     dtype = packed.dtype
-    for i in nb.prange(tile_order.shape[0]):
-        t = tile_order[i]
-        tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
-        px, py = _pixel_centres(tile_x, tile_y, dtype)
-        T = np.ones(PIXELS, dtype)
-        last = np.full(PIXELS, -one, dtype)  # tile-local, as in forward
-        v_out = np.zeros((CHANNELS, PIXELS), dtype)
-        tail = np.zeros(PIXELS, dtype)
-        behind = np.zeros(PIXELS, dtype)
-        start = offsets[t]
-        k_max = start - 1
-        # The image's pixels of the tile, row by row of the image (its arrays read in
-        # order, not a branch a pixel), each into its place in the blocks.
-        for row in range(max(0, y0 - tile_y * TILE), min(TILE, y1 - tile_y * TILE)):
-            y = tile_y * TILE + row - y0
-            for column in range(min(TILE, width - tile_x * TILE)):
-                p = _tile_pixel(column, row)
-                x = tile_x * TILE + column
-                T[p] = final_T[y, x]
-                last[p] = last_index[y, x] - start
-                k_max = max(k_max, last_index[y, x])
-                weighted_bg = -v_alpha[y, x]
-                for ch in range(3):
-                    v_out[ch, p] = v_rgb[y, x, ch]
-                    weighted_bg += background[ch] * v_out[ch, p]
-                v_out[3, p] = v_depth[y, x]
-                tail[p] = T[p] * weighted_bg
-        isect_grads[k_max + 1:offsets[t + 1]] = 0  # behind every pixel's last contributor
-        for k in range(k_max, start - 1, -1):
-            # The blocks where the forward's splat changed a pixel (forward narrowed them).
-            reached = int(packed[k, BLOCKS_REACHED])
-            _backprop_splat(k, packed, dtype.type(k - start), px, py, T, last, v_out, behind,
-                            tail, reached, isect_grads, absgrad)
+    tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
+    px, py = _pixel_centres(tile_x, tile_y, dtype)
+    T = np.ones(PIXELS, dtype)
+    last = np.full(PIXELS, -one, dtype)  # tile-local, as in forward
+    v_out = np.zeros((CHANNELS, PIXELS), dtype)
+    tail = np.zeros(PIXELS, dtype)
+    behind = np.zeros(PIXELS, dtype)
+    start = offsets[t]
+    k_max = start - 1
+    # The image's pixels of the tile, row by row of the image (its arrays read in
+    # order, not a branch a pixel), each into its place in the blocks.
+    for row in range(max(0, y0 - tile_y * TILE), min(TILE, y1 - tile_y * TILE)):
+        y = tile_y * TILE + row - y0
+        for column in range(min(TILE, width - tile_x * TILE)):
+            p = _tile_pixel(column, row)
+            x = tile_x * TILE + column
+            T[p] = final_T[y, x]
+            last[p] = last_index[y, x] - start
+            k_max = max(k_max, last_index[y, x])
+            weighted_bg = -v_alpha[y, x]
+            for ch in range(3):
+                v_out[ch, p] = v_rgb[y, x, ch]
+                weighted_bg += background[ch] * v_out[ch, p]
+            v_out[3, p] = v_depth[y, x]
+            tail[p] = T[p] * weighted_bg
+    isect_grads[k_max + 1:offsets[t + 1]] = 0  # behind every pixel's last contributor
+    for k in range(k_max, start - 1, -1):
+        # The blocks where the forward's splat changed a pixel (forward narrowed them).
+        reached = int(packed[k, BLOCKS_REACHED])
+        _backprop_splat(k, packed, dtype.type(k - start), px, py, T, last, v_out, behind,
+                        tail, reached, isect_grads, absgrad)
 
 
 @nb.njit(cache=True)
