@@ -119,7 +119,11 @@ def _weighted(weights, y, x, value):  # pragma: no cover - compiled
     return weights[y, x] * value
 
 
-@nb.njit(inline="always")
+# The rows of the fused kernel's three parallel loops are calls, not inlined: numba's
+# inlining into a parallel loop took seconds of a first run's compile. They have the
+# kernel's flags (numpy's error model, as its loops: a division raises nothing, so no
+# branch keeps a row off the vector units), so they round as when inlined.
+@nb.njit(fastmath=True, error_model="numpy")
 def _blurred_products(a, b, y, taps, step, ring):  # pragma: no cover - compiled
     """Row y (zero outside the image) of a, b, a a, b b, a b, each blurred along the
     row, into its ring slot."""
@@ -142,7 +146,7 @@ def _blurred_products(a, b, y, taps, step, ring):  # pragma: no cover - compiled
     _repeat_slot(ring, slot)
 
 
-@nb.njit(inline="always")
+@nb.njit(fastmath=True, error_model="numpy")
 def _ssim_row(across, y, taps, step, c1, c2, row0, row1, n, weights,
               partials_across):  # pragma: no cover - compiled
     """Row y's SSIM summed (0 outside rows [row0, row1)), and the partial derivatives
@@ -174,6 +178,16 @@ def _ssim_row(across, y, taps, step, c1, c2, row0, row1, n, weights,
         _blur_along(partials[p], taps, step, padded, partials_across[p, slot])
     _repeat_slot(partials_across, slot)
     return total
+
+
+@nb.njit(fastmath=True, error_model="numpy")
+def _gradient_row(a, b, y, taps, partials_across, grad_a):  # pragma: no cover - compiled
+    """Row y of the gradient w.r.t. a, from the partials' ring (``_ssim_value_and_grad``)."""
+    length = a.shape[1]
+    spread = np.empty((3, length), a.dtype)
+    _blur_down(partials_across, y, taps, spread)
+    for x in range(np.uint64(0), np.uint64(length)):
+        grad_a[y, x] = spread[0, x] + 2 * a[y, x] * spread[1, x] + b[y, x] * spread[2, x]
 
 
 @nb.njit(parallel=True, fastmath=True, cache=True)
@@ -215,10 +229,7 @@ def _ssim_value_and_grad(a, b, taps, step, c1, c2, row0, row1, n, weights,
                 row_sums[y] = total
         # The gradient of rows a window further behind.
         for y in nb.prange(max(front - BAND - 2 * RADIUS, 0), min(front - 2 * RADIUS, height)):
-            spread = np.empty((3, length), a.dtype)
-            _blur_down(partials_across, y, taps, spread)
-            for x in range(np.uint64(0), np.uint64(length)):
-                grad_a[y, x] = spread[0, x] + 2 * a[y, x] * spread[1, x] + b[y, x] * spread[2, x]
+            _gradient_row(a, b, y, taps, partials_across, grad_a)
     return row_sums.sum() / n
 
 
