@@ -220,8 +220,10 @@ def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, 
                         y0, y1, out_rgb, out_depth, out_T, out_last, out_blocks)
 
 
-# numpy's error model, as in the parallel loops that call them: a division by zero gives
-# inf rather than raising, so no branch to raise keeps a pixel loop off the vector units.
+# A tile's work is a call from the parallel loops, not inlined into them (numba took
+# seconds of the first compile to inline it), with numpy's error model, as the loops'
+# own code has: a division by zero gives inf rather than raising, so no branch to raise
+# keeps a pixel loop off the vector units.
 @nb.njit(fastmath=True, cache=True, error_model="numpy")
 def _composite_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y0, y1,
                     out_rgb, out_depth, out_T, out_last, out_blocks):  # pragma: no cover - compiled
