@@ -121,8 +121,8 @@ def _weighted(weights, y, x, value):  # pragma: no cover - compiled
 
 # The rows of the fused kernel's three parallel loops are calls, not inlined: numba's
 # inlining into a parallel loop took seconds of a first run's compile. They have the
-# kernel's flags (numpy's error model, as its loops: a division raises nothing, so no
-# branch keeps a row off the vector units), so they round as when inlined.
+# kernel's flags: fast-math, and numpy's error model, as its loops' own code has (a
+# division raises nothing, so no branch keeps a row off the vector units).
 @nb.njit(fastmath=True, error_model="numpy")
 def _blurred_products(a, b, y, taps, step, ring):  # pragma: no cover - compiled
     """Row y (zero outside the image) of a, b, a a, b b, a b, each blurred along the
