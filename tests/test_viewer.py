@@ -73,7 +73,6 @@ def test_a_page_opens_on_its_cameras_framing_and_hides_them_on_request(demo):
         assert framing.up @ np.array([0.0, -1.0, 0.0]) > 0.99
         assert page.cameras.visible
         page.show_cameras.value = False
-        page.serve()  # the toggle waits its turn on the serving thread
         assert not page.cameras.visible
 
 

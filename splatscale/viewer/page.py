@@ -7,15 +7,18 @@ the view's controls first (frame the scene, render this view, show the cameras a
 what their colours mean), then a run's progress (``live.py``), then the latest
 exact render: a camera's photo beside our render there, or a still of the view.
 
-viser calls the page's callbacks on its own threads; they only queue work. The
-renders run in ``Page.serve``, on the thread that owns the model (the main one),
-so the numba kernels never run on two threads at once.
+viser calls the page's callbacks on its own threads. Renders they only queue: they
+run in ``Page.serve``, on the thread that owns the model (the main one), so the
+numba kernels never run on two threads at once. What they change at once (a
+browser's view, the cameras shown) they change under one lock: viser's setters,
+run on two of its threads at once, can skip the later value.
 """
 
 from __future__ import annotations
 
 import io
 import queue
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
@@ -132,6 +135,7 @@ class Page:
         self.up = up
         self.framing: Framing | None = None
         self.jobs: queue.Queue[Callable[[], None]] = queue.Queue()
+        self.settings = threading.Lock()  # what the callbacks change at once
         self.still_png: bytes | None = None
         self._build_panel()
         if scenery is not None:
@@ -189,7 +193,8 @@ class Page:
         """Move ``client``'s view back to the first one."""
         framing = self.framing
         if framing is not None:
-            _move(client, framing.position, framing.pivot, framing.up, framing.fov)
+            with self.settings:
+                _move(client, framing.position, framing.pivot, framing.up, framing.fov)
 
     def _look_through(self, client, index: int) -> None:
         """Move ``client``'s view to camera ``index`` now, turning about the point of its
@@ -200,7 +205,9 @@ class Page:
         pose = pose_of(camera)
         axes = camera.viewmat[:3, :3].double().numpy()  # rows: right, down, forward
         distance = np.linalg.norm(framing.pivot - pose.position)
-        _move(client, pose.position, pose.position + distance * axes[2], -axes[1], pose.fov)
+        with self.settings:
+            _move(client, pose.position, pose.position + distance * axes[2], -axes[1],
+                  pose.fov)
         self.jobs.put(lambda: self._compare(index))
 
     def _compare(self, index: int) -> None:
@@ -255,7 +262,7 @@ class Page:
             still.on_click(lambda event: self._still(event.client))
             if self.scenery is not None:
                 self.show_cameras = gui.add_checkbox("Show cameras", initial_value=True)
-                self.show_cameras.on_update(lambda _: self.jobs.put(self._show_cameras))
+                self.show_cameras.on_update(lambda _: self._show_cameras())
                 gui.add_html(_legend(bool(self.scenery.test_ids)))
         with gui.add_folder("Exact render", order=RENDERS_ORDER):
             self.render_text = gui.add_markdown(
@@ -283,9 +290,8 @@ class Page:
             frustum.on_click(lambda event, index=index: self._look_through(event.client, index))
 
     def _show_cameras(self) -> None:
-        # On the serving thread, one toggle after another: viser's visibility setter,
-        # run on two of its threads at once, can skip the later value.
-        self.cameras.visible = self.show_cameras.value
+        with self.settings:  # the value read under the lock: the last holder's is the latest
+            self.cameras.visible = self.show_cameras.value
 
     def _open_at(self, framing: Framing) -> None:
         """Where every browser's view starts (and viser's "Reset view" returns to)."""
