@@ -2,11 +2,12 @@
 and checkpoint now; its splats refreshed as it trains. ``LiveRun`` is the serving
 rank's ``train.watch.Watcher``.
 
-The browsers' clicks arrive on viser's threads and only set flags; everything
-else runs between two steps on the training thread, and costs it little: the
-panel is rewritten at most every ``PANEL_EVERY`` seconds, the splats only while
-a browser watches and at most once per ``REFRESH_COST_RATIO`` times what the
-last refresh took.
+The browsers' clicks arrive on viser's threads and only set flags and show the
+buttons that follow (under one lock: ``page.py`` says why); everything else runs
+between two steps on the training thread, and costs it little: the panel is
+rewritten at most every ``PANEL_EVERY`` seconds, the splats only while a browser
+watches and at most once per ``REFRESH_COST_RATIO`` times what the last refresh
+took.
 """
 
 from __future__ import annotations
@@ -133,8 +134,8 @@ class LiveRun:
         self.checkpoint.on_click(lambda _: self._ask_checkpoint())
 
     def _ask_pause(self, pause: bool) -> None:
-        self._pause_asked = pause
-        with self._buttons:
+        with self._buttons:  # the flag and the buttons from one click
+            self._pause_asked = pause
             self.pause.visible, self.resume.visible = not pause, pause
         self.note = "pausing after this step" if pause else ""
 
