@@ -224,7 +224,7 @@ def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, 
 # seconds of the first compile to inline it), with numpy's error model, as the loops'
 # own code has: a division by zero gives inf rather than raising, so no branch to raise
 # keeps a pixel loop off the vector units.
-@nb.njit(fastmath=True, cache=True, error_model="numpy")
+@nb.njit(fastmath=True, error_model="numpy")
 def _composite_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y0, y1,
                     out_rgb, out_depth, out_T, out_last, out_blocks):  # pragma: no cover - compiled
     """``forward`` of tile t."""
@@ -376,7 +376,7 @@ def backward_with_absgrad(packed, background, offsets, tile_order, tiles_x, tile
                        y0, y1, final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, True)
 
 
-@nb.njit(fastmath=True, cache=True, error_model="numpy")  # (``_composite_tile`` says why)
+@nb.njit(fastmath=True, error_model="numpy")  # (``_composite_tile`` says why)
 def _backprop_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y0, y1, final_T,
                    last_index, v_rgb, v_depth, v_alpha, isect_grads,
                    absgrad):  # pragma: no cover - compiled
