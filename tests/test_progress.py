@@ -82,20 +82,23 @@ def test_a_finished_run_says_its_summary_in_words(tmp_path, capsys):
 
 
 def test_a_cold_kernel_cache_is_told_apart_from_a_warm_one(tmp_path):
-    """Cold: an empty cache folder. Warm: once a forward and backward pass has run in
-    this process, numba has cached the largest kernels for their present source."""
+    """Cold: an empty cache folder. Warm: once a step's forward and backward pass (the
+    render and the loss) has run in this process, numba has cached the largest kernels
+    for their present source."""
     check = "from splatscale.backends.cpu_compile import kernels_cached; print(kernels_cached())"
     cold = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                           env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
                           timeout=HANG_GUARD)
     assert cold.stdout.strip() == "False", cold.stderr
-    from splatscale.render import render
     from splatscale.backends.cpu_compile import kernels_cached
+    from splatscale.render import render
+    from splatscale.step.ssim import ssim
     from tests.conftest import look_at_camera, random_model
 
     model = random_model(20, dtype=torch.float32).requires_grad_(True)
     camera = look_at_camera([0, 0, 4], [0, 0, 0], 32, 24, focal=30.0, dtype=torch.float32)
-    render(model, camera).rgb.sum().backward()
+    rgb = render(model, camera).rgb
+    (1 - ssim(rgb, torch.zeros_like(rgb))).backward()
     assert kernels_cached()
 
 
