@@ -155,16 +155,13 @@ def _pixels(lo, hi):
 
 
 @nb.njit(inline="always")
-def _pixel_centres(tile_x, tile_y, dtype):
-    """x and y of the tile's 256 pixel centres, in block order."""
-    half = _constants(dtype)[2]
-    px = np.empty(PIXELS, dtype)
-    py = np.empty(PIXELS, dtype)
+def _set_pixel_centres(px, py, tile_x, tile_y):
+    """Set px and py to x and y of the tile's 256 pixel centres, in block order."""
+    half = _constants(px.dtype)[2]
     for p in range(PIXELS):
         x, y = _tile_xy(p)
         px[p] = tile_x * TILE + x + half
         py[p] = tile_y * TILE + y + half
-    return px, py
 
 
 @nb.njit(inline="always", fastmath=True)
@@ -231,7 +228,8 @@ def _composite_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y
     zero, one, _, _, _, _ = _constants(packed.dtype)
     dtype = packed.dtype
     tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
-    px, py = _pixel_centres(tile_x, tile_y, dtype)
+    px, py = np.empty(PIXELS, dtype), np.empty(PIXELS, dtype)
+    _set_pixel_centres(px, py, tile_x, tile_y)
     T = np.ones(PIXELS, dtype)
     live = np.empty(PIXELS, dtype)
     last = np.full(PIXELS, -one, dtype)  # tile-local index of the last contributor
@@ -376,6 +374,9 @@ def backward_with_absgrad(packed, background, offsets, tile_order, tiles_x, tile
                        y0, y1, final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, True)
 
 
+BACKWARD_ROWS = 6 + CHANNELS  # a tile's values a pixel in the backward (``_backprop_tile``)
+
+
 @nb.njit(fastmath=True, error_model="numpy")  # (``_composite_tile`` says why)
 def _backprop_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y0, y1, final_T,
                    last_index, v_rgb, v_depth, v_alpha, isect_grads,
@@ -386,12 +387,15 @@ def _backprop_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y0
     one = _constants(packed.dtype)[1]
     dtype = packed.dtype
     tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
-    px, py = _pixel_centres(tile_x, tile_y, dtype)
-    T = np.ones(PIXELS, dtype)
-    last = np.full(PIXELS, -one, dtype)  # tile-local, as in forward
-    v_out = np.zeros((CHANNELS, PIXELS), dtype)
-    tail = np.zeros(PIXELS, dtype)
-    behind = np.zeros(PIXELS, dtype)
+    # The pixels' values in one array, not one each: LLVM then sees that they never
+    # overlap (their rows lie at fixed distances) and vectorises each pixel loop below
+    # without first testing at run time, for every run of blocks, whether they do.
+    pixel_values = np.zeros((BACKWARD_ROWS, PIXELS), dtype)
+    px, py, T, last = pixel_values[0], pixel_values[1], pixel_values[2], pixel_values[3]
+    tail, behind, v_out = pixel_values[4], pixel_values[5], pixel_values[6:]
+    _set_pixel_centres(px, py, tile_x, tile_y)
+    T[:] = one
+    last[:] = -one  # tile-local, as in forward
     start = offsets[t]
     k_max = start - 1
     # The image's pixels of the tile, row by row of the image (its arrays read in
