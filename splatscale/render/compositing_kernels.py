@@ -65,6 +65,16 @@ def _exp2_of_integer(typingctx, n):
     return nb.types.float32(nb.types.float32), codegen
 
 
+@intrinsic
+def _trailing_zeros(typingctx, n):
+    """How many of a nonzero int64's lowest bits are zero (one ``tzcnt``)."""
+
+    def codegen(context, builder, signature, args):
+        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
+
+    return nb.types.int64(nb.types.int64), codegen
+
+
 def _exp_neg(s):
     """exp(-s): polynomial in float32, exact in float64 (see ``_exp_neg_overload``)."""
     return math.exp(-s)
@@ -298,16 +308,14 @@ def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, re
     abs_x = abs_y = zero
     # Each run of consecutive reached blocks is one pixel loop, not a loop per block:
     # every loop ends in a horizontal sum of each of its ten vector accumulators.
-    block = 0
-    while block < BLOCKS:
-        if not reached >> block & 1:
-            block += 1
-            continue
-        end = block + 1
-        while end < BLOCKS and reached >> end & 1:
-            end += 1
-        first_pixel, block = block * BLOCK, end
-        for p in _pixels(first_pixel, end * BLOCK):
+    # The runs found with bit counts, not a test of each block: which blocks a splat
+    # reaches is as good as random, and a branch on each would often mispredict.
+    todo = reached
+    while todo != 0:
+        block = _trailing_zeros(todo)
+        end = block + _trailing_zeros(~(todo >> block))
+        todo &= -1 << end
+        for p in _pixels(block * BLOCK, end * BLOCK):
             dx, dy = mx - px[p], my - py[p]
             sigma = half * (ca * dx * dx + cc * dy * dy) + cb * dx * dy
             gauss = _exp_neg(sigma)
