@@ -26,6 +26,7 @@ import math
 import numba as nb
 import numpy as np
 from llvmlite import ir
+from numba.cpython.unsafe.numbers import trailing_zeros
 from numba.extending import intrinsic, overload
 from numpy.polynomial import Chebyshev, Polynomial
 
@@ -63,16 +64,6 @@ def _exp2_of_integer(typingctx, n):
         return builder.bitcast(builder.shl(exponent, ir.Constant(i32, 23)), ir.FloatType())
 
     return nb.types.float32(nb.types.float32), codegen
-
-
-@intrinsic
-def _trailing_zeros(typingctx, n):
-    """How many of a nonzero int64's lowest bits are zero (one ``tzcnt``)."""
-
-    def codegen(context, builder, signature, args):
-        return builder.cttz(args[0], ir.Constant(ir.IntType(1), 1))
-
-    return nb.types.int64(nb.types.int64), codegen
 
 
 def _exp_neg(s):
@@ -288,7 +279,8 @@ def _composite_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y
 @nb.njit(inline="always", fastmath=True)
 def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, reached, out,
                     absgrad):
-    """Gradient of intersection k's splat over the blocks set in ``reached``, written
+    """Gradient of intersection k's splat over the blocks set in ``reached`` (a mask of
+    BLOCKS bits), written
     to ``out[k]`` (with ``absgrad``, a constant, its absolute per-pixel means2d
     gradients summed too).
 
@@ -308,12 +300,13 @@ def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, re
     abs_x = abs_y = zero
     # Each run of consecutive reached blocks is one pixel loop, not a loop per block:
     # every loop ends in a horizontal sum of each of its ten vector accumulators.
-    # The runs found with bit counts, not a test of each block: which blocks a splat
-    # reaches is as good as random, and a branch on each would often mispredict.
+    # Each run is found from the mask's trailing zero bits (its first block), then from
+    # those of the complement (its length), not by a test of each block: which blocks a
+    # splat reaches is as good as random, so such a branch is hard to predict.
     todo = reached
     while todo != 0:
-        block = _trailing_zeros(todo)
-        end = block + _trailing_zeros(~(todo >> block))
+        block = trailing_zeros(todo)
+        end = block + trailing_zeros(~(todo >> block))
         todo &= -1 << end
         for p in _pixels(block * BLOCK, end * BLOCK):
             dx, dy = mx - px[p], my - py[p]
@@ -382,7 +375,8 @@ def backward_with_absgrad(packed, background, offsets, tile_order, tiles_x, tile
                        y0, y1, final_T, last_index, v_rgb, v_depth, v_alpha, isect_grads, True)
 
 
-BACKWARD_ROWS = 6 + CHANNELS  # a tile's values a pixel in the backward (``_backprop_tile``)
+# The backward's per-pixel rows: px, py, T, last, tail, behind, then v_out's CHANNELS.
+BACKWARD_ROWS = 6 + CHANNELS
 
 
 @nb.njit(fastmath=True, error_model="numpy")  # (``_composite_tile`` says why)
