@@ -280,9 +280,8 @@ def _composite_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y
 def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, reached, out,
                     absgrad):
     """Gradient of intersection k's splat over the blocks set in ``reached`` (a mask of
-    BLOCKS bits), written
-    to ``out[k]`` (with ``absgrad``, a constant, its absolute per-pixel means2d
-    gradients summed too).
+    BLOCKS bits), written to ``out[k]`` (with ``absgrad``, a constant, its absolute
+    per-pixel means2d gradients summed too).
 
     Un-blends the splat (T recovered by division, as the CUDA kernels do). Per
     pixel, ``v_out`` is d loss / d pixel channels, ``behind`` the channels of
