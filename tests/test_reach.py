@@ -56,11 +56,13 @@ def reached_cells(reached, cell_w, cell_h):
     return padded.reshape(n, rows, cell_h, columns, cell_w).any(4).any(2)
 
 
-def check(let_in, needed, what):
+def check(let_in, needed, what, needless_share):
+    """Every cell ``needed`` is let in, and at most ``needless_share`` of that many more."""
     missing = needed & ~let_in
     assert not missing.any(), f"{int(missing.sum())} {what} reached but left out"
     extra = int((let_in & ~needed).sum())
-    assert extra <= 0.15 * int(needed.sum()), f"{extra} of {int(let_in.sum())} {what} needless"
+    assert extra <= needless_share * int(needed.sum()), (
+        f"{extra} of {int(let_in.sum())} {what} needless")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -75,7 +77,7 @@ def test_binning_keeps_every_tile_a_splat_reaches_and_few_more(dtype, seed):
     let_in = torch.zeros_like(needed)
     tile_of = torch.repeat_interleave(torch.arange(len(bins.offsets) - 1), bins.offsets.diff())
     let_in[bins.splat_ids, tile_of // bins.tiles_x, tile_of % bins.tiles_x] = True
-    check(let_in, needed, "tiles")
+    check(let_in, needed, "tiles", 0.035)
     boxes_only = bin_tiles(means2d, radii, torch.arange(1.0, len(means2d) + 1),
                            torch.arange(len(means2d)), WIDTH, (0, HEIGHT))
     assert len(bins.splat_ids) < 0.9 * len(boxes_only.splat_ids), "needles miss tiles of their box"
@@ -98,4 +100,4 @@ def test_blocks_reached_hold_every_block_a_splat_reaches_and_few_more(dtype):
         column = tile_of % bins.tiles_x * (TILE // BLOCK_W) + block % BLOCKS_X
         hit = (masks >> block & 1).bool() & (row < needed.shape[1]) & (column < needed.shape[2])
         let_in[bins.splat_ids[hit], row[hit], column[hit]] = True
-    check(let_in, needed, "blocks")
+    check(let_in, needed, "blocks", 0.02)

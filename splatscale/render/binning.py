@@ -374,8 +374,7 @@ def _lane_spans(count, rows, row_spans):  # pragma: no cover - compiled
     """row_spans[:, k] for the tile rows k below ``count`` (``_fill_rows``). The
     arithmetic is in the loop itself, indexed unsigned
     (``projection_kernels._lane_gradients`` says why); the four rows of blocks of a
-    tile row are written out, each one's top edge the bottom of the one above, as a
-    splat's rows are walked."""
+    tile row are written out, each BLOCK_H below the one above."""
     for k in range(np.uint64(0), count):
         a, b, c, sigma_max = rows[0, k], rows[1, k], rows[2, k], rows[3, k]
         # A tile row's own: on the vector units its square roots cost less than
@@ -383,11 +382,10 @@ def _lane_spans(count, rows, row_spans):  # pragma: no cover - compiled
         limit, det, ex, ey = reach_ellipse(a, b, c, sigma_max)
         ellipse, columns = (a, b, c, limit, det, ex, ey), (rows[4, k], rows[5, k], rows[6, k])
         v = rows[7, k]
-        at_top = boundary_at(a, b, limit, det, ey, v)
-        first0, last0, v, at_top = _block_row_span(ellipse, columns, v, at_top)
-        first1, last1, v, at_top = _block_row_span(ellipse, columns, v, at_top)
-        first2, last2, v, at_top = _block_row_span(ellipse, columns, v, at_top)
-        first3, last3, v, at_top = _block_row_span(ellipse, columns, v, at_top)
+        first0, last0 = _block_row_span(ellipse, columns, v)
+        first1, last1 = _block_row_span(ellipse, columns, v + BLOCK_H)
+        first2, last2 = _block_row_span(ellipse, columns, v + 2 * BLOCK_H)
+        first3, last3 = _block_row_span(ellipse, columns, v + 3 * BLOCK_H)
         row_spans[0, k], row_spans[1, k], row_spans[2, k], row_spans[3, k] = (
             first0, last0, first1, last1)
         row_spans[4, k], row_spans[5, k], row_spans[6, k], row_spans[7, k] = (
@@ -407,21 +405,25 @@ def _tiles_of(first, last):  # pragma: no cover - compiled
 
 
 @numba.njit(inline="always")
-def _block_row_span(ellipse, columns, v, at_top):  # pragma: no cover - compiled
-    """(first, last) block columns of the row of blocks whose top is ``v`` (relative to
-    the mean; ``at_top`` its ``boundary_at``), ``v`` and ``boundary_at`` of its bottom.
-    ``ellipse``: (a, b, c, limit, det, ex, ey); ``columns``: the box's first and end
-    block columns and the mean's x."""
+def _block_row_span(ellipse, columns, v):  # pragma: no cover - compiled
+    """(first, last) block columns of the row of blocks whose top edge is ``v``
+    (relative to the mean). ``ellipse``: (a, b, c, limit, det, ex, ey); ``columns``:
+    the box's first and end block columns and the mean's x."""
     a, b, c, limit, det, ex, ey = ellipse
     column_lo, column_hi, mx = columns
-    at_bottom = boundary_at(a, b, limit, det, ey, v + BLOCK_H)
-    left, right = strip_span(b, c, det, ex, ey, v, v + BLOCK_H, at_top, at_bottom)
+    # The strip of its pixel centres' rows, not of its edges: a thin, tilted ellipse
+    # reaches wider across the half pixel above the first centre and below the last,
+    # where the kernels evaluate nothing.
+    top, bottom = v + 0.5, v + (BLOCK_H - 0.5)
+    left, right = strip_span(b, c, det, ex, ey, top, bottom,
+                             boundary_at(a, b, limit, det, ey, top),
+                             boundary_at(a, b, limit, det, ey, bottom))
     # Block column n's pixel centres: n BLOCK_W + 0.5 to (n + 1) BLOCK_W - 0.5.
     first_at = (mx + left - (BLOCK_W - 0.5)) / BLOCK_W
     last_at = (mx + right - 0.5) / BLOCK_W
     first = int(math.ceil(min(max(first_at, column_lo), column_hi)))
     last = int(math.floor(max(min(last_at, column_hi - 1), column_lo - 1)))
-    return first, last, v + BLOCK_H, at_bottom
+    return first, last
 
 
 @numba.njit(parallel=True, cache=True)
