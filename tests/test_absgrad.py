@@ -76,7 +76,7 @@ def test_cpu_absgrad_is_the_sum_of_each_pixels_absolute_gradient(rows):
     """A whole image, and a band across a tile row's edge: only its pixels count."""
     splats, leaves = with_leaves(overlapping_splats())
     weights = pixel_weights(rows)
-    out = rasterize(splats, WIDTH, HEIGHT, rows)
+    out = rasterize(splats, WIDTH, HEIGHT, rows, depth=True)
     per_pixel_loss(out.rgb, out.alpha, out.depth, weights).sum().backward()
     want = brute_force_absgrad(splats, rows, weights)
     got = leaves["absgrad"].grad
@@ -94,7 +94,7 @@ def test_a_band_counts_only_its_own_pixels():
         total = 0
         for y0, y1 in zip(cuts[:-1], cuts[1:]):
             band, leaves = with_leaves(splats)
-            out = rasterize(band, WIDTH, HEIGHT, (y0, y1))
+            out = rasterize(band, WIDTH, HEIGHT, (y0, y1), depth=True)
             per_pixel_loss(out.rgb, out.alpha, out.depth,
                            [w[y0:y1] for w in weights]).sum().backward()
             total = total + leaves["absgrad"].grad
@@ -112,12 +112,12 @@ def test_absgrad_flows_through_each_cameras_slice():
     weights = [pixel_weights((0, HEIGHT), seed=i) for i in range(3)]
     loss = 0
     for i in range(3):
-        out = rasterize(splats.of_camera(i), WIDTH, HEIGHT)
+        out = rasterize(splats.of_camera(i), WIDTH, HEIGHT, depth=True)
         loss = loss + per_pixel_loss(out.rgb, out.alpha, out.depth, weights[i]).sum()
     loss.backward()
     for i in range(3):
         view, view_leaves = with_leaves(splats.of_camera(i))
-        out = rasterize(view, WIDTH, HEIGHT)
+        out = rasterize(view, WIDTH, HEIGHT, depth=True)
         per_pixel_loss(out.rgb, out.alpha, out.depth, weights[i]).sum().backward()
         lo, hi = splats.camera_offsets[i], splats.camera_offsets[i + 1]
         assert torch.equal(leaves["absgrad"].grad[lo:hi], view_leaves["absgrad"].grad)
@@ -137,7 +137,7 @@ def test_the_cuda_backends_absgrad_equals_the_cpu_backends(rows):
     grads = {}
     for name, backend in (("cuda", STAND_INS), ("cpu", CPU)):
         ours, leaves = with_leaves(splats)
-        out = rasterize(ours, WIDTH, HEIGHT, rows, backend=backend)
+        out = rasterize(ours, WIDTH, HEIGHT, rows, backend=backend, depth=True)
         per_pixel_loss(out.rgb, out.alpha, out.depth, weights).sum().backward()
         grads[name] = {key: leaf.grad for key, leaf in leaves.items()}
     assert grads["cpu"]["absgrad"].abs().max() > 0
@@ -159,7 +159,7 @@ def test_absgrad_changes_no_pixel_and_the_other_gradients_by_rounding_only(rows)
     results = []
     for absgrad in (False, True):
         ours, leaves = with_leaves(splats, absgrad)
-        out = rasterize(ours, camera.width, camera.height, rows)
+        out = rasterize(ours, camera.width, camera.height, rows, depth=True)
         weighted_sum([out.rgb, out.alpha, out.depth]).backward()
         results.append(([out.rgb, out.alpha, out.depth],
                         {name: leaves[name].grad for name in DIFFERENTIABLE}))

@@ -100,7 +100,7 @@ def two_views_rendered(monkeypatch, pool):
         with torch.no_grad():  # a render for the viewer between them: given back at once
             composite(*leaves.values(), torch.ones(3), bins, camera.width, (0, camera.height))
         images.append(composite(*leaves.values(), background, bins, camera.width,
-                                (0, camera.height)))
+                                (0, camera.height), depth=True))
     weights = torch.linspace(-1, 1, images[0][0].numel()).reshape(images[0][0].shape)
     loss = sum((rgb * weights).sum() + depth_sum.sum() for rgb, depth_sum, _ in images)
     first = torch.autograd.grad(loss, list(leaves.values()), retain_graph=True)

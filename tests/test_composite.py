@@ -73,7 +73,7 @@ def test_forward_and_gradients_match_brute_force(seed):
     alpha_weights = torch.randn(h, w, generator=g, dtype=torch.float64)
 
     bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, w, (0, h))
-    rgb, depth_sum, alpha = composite(*leaves.values(), bins, w, (0, h))
+    rgb, depth_sum, alpha = composite(*leaves.values(), bins, w, (0, h), depth=True)
     p = leaves
     ref_image, ref_alpha = brute_force_composite(
         p["means2d"], p["conics"], torch.cat([p["colors"], p["depths"][:, None]], 1),
@@ -108,7 +108,7 @@ def test_empty_image_is_background():
     background = torch.tensor([0.1, 0.2, 0.3], dtype=torch.float64)
     rgb, depth_sum, alpha = composite(splats.means2d, splats.conics, splats.colors,
                                       splats.depths, splats.opacities, background, bins, 20,
-                                      (0, 18))
+                                      (0, 18), depth=True)
     assert torch.equal(rgb, background.expand(18, 20, 3))
     assert torch.equal(depth_sum, torch.zeros(18, 20, dtype=torch.float64))
     assert torch.equal(alpha, torch.zeros(18, 20, dtype=torch.float64))
@@ -164,7 +164,7 @@ def test_a_kept_graph_gives_the_same_gradients_again(absgrad, dtype):
     rgb, depth_sum, alpha = composite(leaves["means2d"], leaves["conics"], leaves["colors"],
                                       leaves["depths"], leaves["opacities"],
                                       torch.zeros(3, dtype=dtype), bins, camera.width,
-                                      (0, camera.height), absgrad_leaf)
+                                      (0, camera.height), absgrad_leaf, depth=True)
     weights = torch.linspace(-1, 1, rgb.numel(), dtype=dtype).reshape(rgb.shape)
     loss = (rgb * weights).sum() + depth_sum.sum() + alpha.sum()
     inputs = list(leaves.values()) + ([absgrad_leaf] if absgrad else [])

@@ -135,7 +135,7 @@ def render_both(splats, inputs, rows, background):
                      rows)
     theirs = cpu_composite(inputs["means2d"], inputs["conics"], inputs["colors"],
                            inputs["depths"], inputs["opacities"], background, bins, WIDTH,
-                           rows)
+                           rows, depth=True)
     return ours, theirs
 
 
@@ -269,12 +269,12 @@ def test_cuda_render_equals_the_cpu_render_with_gradients(rows, camera_model, an
 
     def loss_of(backend):
         def loss(leaves):
-            out = render(leaves, camera, rows, background, backend=backend)
+            out = render(leaves, camera, rows, background, backend=backend, depth=True)
             return weighted_sum([out.rgb, out.alpha, out.depth])
         return loss
     with torch.no_grad():
-        ours = render(model, camera, rows, background, backend=STAND_INS)
-        theirs = render(model, camera, rows, background)
+        ours = render(model, camera, rows, background, backend=STAND_INS, depth=True)
+        theirs = render(model, camera, rows, background, depth=True)
     for name in ("rgb", "alpha", "depth"):
         torch.testing.assert_close(getattr(ours, name), getattr(theirs, name), rtol=1e-9,
                                    atol=1e-11, msg=name)

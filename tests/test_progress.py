@@ -132,18 +132,33 @@ def test_the_compile_parts_compile_what_a_training_step_calls(tmp_path):
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
+FILL_A_COLD_CACHE = """
+import functools
+from splatscale.backends import cpu_compile
+from splatscale.render import compositing_kernels as kernels
+from splatscale.render.rasterize import rasterize
+
+print(cpu_compile.kernels_cached())
+cpu_compile.rasterize = functools.partial(rasterize, depth=True)
+cpu_compile.pixels_part()
+print(cpu_compile.kernels_cached((kernels.forward, kernels.backward)))
+cpu_compile.rasterize = rasterize
+with cpu_compile.compiling() as finish:
+    print(finish())
+print(cpu_compile.kernels_cached())
+"""
+
+
 def test_a_cold_cache_is_filled_by_every_process(tmp_path):
     """A compile on an empty cache: every child's part (the projection backward, SH,
     SSIM and compositing among the kernels checked) reaches the cache, and none
-    failed."""
-    fill = ("from splatscale.backends.cpu_compile import compiling, kernels_cached\n"
-            "print(kernels_cached())\nwith compiling() as finish:\n    print(finish())\n"
-            "print(kernels_cached())")
-    done = subprocess.run([sys.executable, "-c", fill], capture_output=True, text=True,
-                          env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
+    failed. Compositing cached with depth first (a render that asks for it) is not a
+    run's, which composites none: it would compile its own, and round otherwise."""
+    done = subprocess.run([sys.executable, "-c", FILL_A_COLD_CACHE], capture_output=True,
+                          text=True, env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},
                           timeout=HANG_GUARD)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "[]", "True"]
+    assert done.stdout.split() == ["False", "False", "[]", "True"]
 
 
 def test_a_part_whose_process_fails_is_said():

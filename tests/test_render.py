@@ -35,7 +35,7 @@ def _band_and_full(model, camera, rows, dtype):
     results = []
     for band in (None, rows):
         splats = project(model, [camera]).of_camera(0)
-        out = rasterize(splats, camera.width, camera.height, rows=band)
+        out = rasterize(splats, camera.width, camera.height, rows=band, depth=True)
         rgb, alpha, depth = out.rgb, out.alpha, out.depth
         if band is None:
             rgb, alpha, depth = rgb[y0:y1], alpha[y0:y1], depth[y0:y1]
@@ -63,7 +63,7 @@ def _float32_step(model, cameras):
     model = model.to(torch.float32).requires_grad_(True)
     total = 0.0
     for camera in cameras:
-        out = render(model, camera)
+        out = render(model, camera, depth=True)
         total = total + (out.rgb - 0.3).abs().mean() + out.depth.mean() * 1e-2
     grads = torch.autograd.grad(total, list(model.parameters().values()))
     return total.detach(), grads
@@ -93,6 +93,32 @@ def test_float32_render_matches_float64():
     out32 = render(model.to(torch.float32), camera)
     torch.testing.assert_close(out32.rgb, out64.rgb.float(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(out32.alpha, out64.alpha.float(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_a_render_without_depth_is_the_render_with_it(dtype, tolerance):
+    """Depth is rendered only when asked for; leaving it out changes no pixel and no
+    gradient of a loss that does not read it (the kernels compiled without the depth
+    channel against those with it: under fast-math they may round apart)."""
+    model = random_model(300, seed=7, spread=1.0).to(dtype)
+    camera = look_at_camera([0.2, 0.1, 3.2], [0, 0, 0], width=50, height=43, focal=45.0)
+    weights = torch.randn(43, 50, 3, generator=torch.Generator().manual_seed(2)).to(dtype)
+    outputs, gradients = [], []
+    for depth in (True, False):
+        leaves = model.detach().requires_grad_(True)
+        out = render(leaves, camera, depth=depth)
+        outputs.append(out)
+        gradients.append(torch.autograd.grad((out.rgb * weights).sum() + out.alpha.sum(),
+                                             list(leaves.parameters().values())))
+    with_depth, without = outputs
+    assert without.depth is None and with_depth.depth is not None
+    for name in ("rgb", "alpha"):
+        torch.testing.assert_close(getattr(without, name), getattr(with_depth, name),
+                                   rtol=tolerance, atol=tolerance, msg=name)
+    for got, want in zip(*gradients):
+        assert want.abs().max() > 0
+        torch.testing.assert_close(got, want, rtol=tolerance,
+                                   atol=tolerance * want.abs().max().item())
 
 
 def test_rows_outside_the_image_are_rejected():

@@ -54,11 +54,12 @@ class Backend:
       bool [N], the Gaussians that may pass that test in some camera when their
       means and log-scales may have drifted within the reaches [N]
       (``render/drift.py``).
-    - ``composite(splats, background, width, rows) -> (rgb, depth_sum, alpha)``: one
-      camera's splats composited into rows ``[y0, y1)``: rgb [h, W, 3] over
-      ``background``, the alpha-weighted depth sum [h, W] and alpha [h, W];
-      differentiable, and where ``splats.absgrad`` is not None its gradient is the
-      sum over the band's pixels of each pixel's |d loss / d means2d|, x and y apart.
+    - ``composite(splats, background, width, rows, depth) -> (rgb, depth_sum, alpha)``:
+      one camera's splats composited into rows ``[y0, y1)``: rgb [h, W, 3] over
+      ``background``, the alpha-weighted depth sum [h, W] (None unless ``depth``) and
+      alpha [h, W]; differentiable, and where ``splats.absgrad`` is not None its
+      gradient is the sum over the band's pixels of each pixel's |d loss / d means2d|,
+      x and y apart.
 
     The loss, of [h, W, 3] images:
 
@@ -95,7 +96,7 @@ class Backend:
     project: Callable[..., Any]
     visibility: Callable[..., Any]
     candidates: Callable[..., Tensor]
-    composite: Callable[..., tuple[Tensor, Tensor, Tensor]]
+    composite: Callable[..., tuple[Tensor, Tensor | None, Tensor]]
     abs_difference_sum: Callable[[Tensor, Tensor], Tensor]
     squared_error_sum: Callable[[Tensor, Tensor], float]
     ssim: Callable[[Tensor, Tensor, tuple[int, int], int, Tensor | None], Tensor]

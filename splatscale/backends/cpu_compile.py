@@ -64,9 +64,10 @@ ALONE = "--alone"  # the helper's argument for one part, compiled in that proces
 
 def kernels_cached(kernels: tuple = CHECKED, fisheye: bool = False) -> bool:
     """True when each of ``kernels`` has a compiled version cached for its source as
-    it is now (numba reads an index whose stamp is stale as empty); of a projection
-    kernel, the version for fisheye cameras (``fisheye``) or for pinholes alone
-    (which takes None for them)."""
+    it is now (numba reads an index whose stamp is stale as empty), the version a run
+    calls: of a projection kernel, the one for fisheye cameras (``fisheye``) or for
+    pinholes alone (which takes None for them); of a compositing kernel, the one
+    without depth (None in its place), whatever else renders depth."""
     try:
         return all(_version_cached(kernel, fisheye) for kernel in kernels)
     except Exception:  # numba's cache internals moved, or an index is torn: say nothing
@@ -76,10 +77,12 @@ def kernels_cached(kernels: tuple = CHECKED, fisheye: bool = False) -> bool:
 def _version_cached(kernel, fisheye: bool) -> bool:
     signatures = [key[0] for key in kernel._cache._cache_file._load_index()]
     parameters = list(inspect.signature(kernel.py_func).parameters)
-    if "fisheye" not in parameters:
-        return bool(signatures)
-    position, wanted = parameters.index("fisheye"), types.Array if fisheye else types.NoneType
-    return any(isinstance(signature[position], wanted) for signature in signatures)
+    wanted = {"fisheye": types.Array if fisheye else types.NoneType,
+              "out_depth": types.NoneType, "v_depth": types.NoneType}
+    checks = [(parameters.index(name), kind) for name, kind in wanted.items()
+              if name in parameters]
+    return any(all(isinstance(signature[position], kind) for position, kind in checks)
+               for signature in signatures)
 
 
 @contextmanager
@@ -223,8 +226,8 @@ def pixels_part(absgrad: bool = False) -> None:
                     torch.full((COUNT, 2), 12, dtype=torch.int32), colors, opacities, ids,
                     [0, COUNT], [_camera()],
                     absgrad=torch.zeros(COUNT, 2, requires_grad=True) if absgrad else None)
-    out = rasterize(splats, WIDTH, HEIGHT, background=torch.zeros(3))
-    (out.rgb.sum() + out.alpha.sum() + out.depth.sum()).backward()
+    out = rasterize(splats, WIDTH, HEIGHT, background=torch.zeros(3))  # no depth, as a run's
+    (out.rgb.sum() + out.alpha.sum()).backward()
 
 
 def absgrad_part() -> None:

@@ -151,11 +151,11 @@ def _colors(model: GaussianModel, viewmats: Tensor, camera_ids: Tensor, gaussian
 
 def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
               opacities: Tensor, radii: Tensor, keys: Tensor, background: Tensor, width: int,
-              rows: tuple[int, int], kernels: Kernels, absgrad: Tensor | None = None
-              ) -> tuple[Tensor, Tensor, Tensor]:
-    """rgb [h, W, 3] over ``background``, the alpha-weighted depth sum [h, W] and
-    alpha [h, W] of rows ``[y0, y1)``, as ``rasterize.composite`` returns them, and
-    ``absgrad``'s gradient as it gives it."""
+              rows: tuple[int, int], kernels: Kernels, absgrad: Tensor | None = None,
+              depth: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:
+    """rgb [h, W, 3] over ``background``, the alpha-weighted depth sum [h, W] (None
+    without ``depth``) and alpha [h, W] of rows ``[y0, y1)``, as
+    ``rasterize.composite`` returns them, and ``absgrad``'s gradient as it gives it."""
     y0, y1 = rows
     order = torch.argsort(keys)
     shift = torch.tensor([0.0, float(y0)], dtype=means2d.dtype, device=means2d.device)
@@ -165,15 +165,18 @@ def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
     _, isect_ids, flatten_ids = kernels.isect_tiles(means2d, radii, depths[None], TILE_SIZE,
                                                     tiles_x, tiles_y)
     offsets = kernels.isect_offset_encode(isect_ids, 1, tiles_x, tiles_y)
-    features = torch.cat([colors[order], depths[:, None]], dim=1)[None]
-    backgrounds = torch.cat([background, background.new_zeros(1)])[None]
+    features, backgrounds = colors[order], background
+    if depth:
+        features = torch.cat([features, depths[:, None]], dim=1)
+        backgrounds = torch.cat([backgrounds, backgrounds.new_zeros(1)])
+    features, backgrounds = features[None], backgrounds[None]
     rasterize = functools.partial(_rasterize, kernels, width, y1 - y0, offsets, flatten_ids)
     inputs = (means2d, conics[order][None], features, opacities[order][None], backgrounds)
     if absgrad is None:
         out, alpha = rasterize(*inputs)
     else:  # in key order, as the kernel gets the splats: autograd takes it back
         out, alpha = _WithAbsgrad.apply(rasterize, absgrad[order], *inputs)
-    return out[0, ..., :3], out[0, ..., 3], alpha[0, ..., 0]
+    return out[0, ..., :3], out[0, ..., 3] if depth else None, alpha[0, ..., 0]
 
 
 def _rasterize(kernels: Kernels, width: int, height: int, offsets: Tensor, flatten_ids: Tensor,
@@ -255,11 +258,11 @@ def backend(kernels: Callable[[], Kernels] = cuda_kernels) -> Backend:
                  seen: Visibility | None) -> Splats:
         return project(model, cameras, kernels())
 
-    def composite_(splats: Splats, background: Tensor, width: int,
-                   rows: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+    def composite_(splats: Splats, background: Tensor, width: int, rows: tuple[int, int],
+                   depth: bool) -> tuple[Tensor, Tensor | None, Tensor]:
         return composite(splats.means2d, splats.conics, splats.colors, splats.depths,
                          splats.opacities, splats.radii, splats.keys, background, width, rows,
-                         kernels(), splats.absgrad)
+                         kernels(), splats.absgrad, depth)
 
     return Backend(
         name="cuda", project=project_, visibility=visibility_torch, candidates=candidates_torch,

@@ -16,12 +16,14 @@ from splatscale.render.splats import Splats
 
 
 def render(model: GaussianModel, camera: Camera, rows: tuple[int, int] | None = None,
-           background: Tensor | None = None, backend: Backend | None = None) -> RenderOutput:
+           background: Tensor | None = None, backend: Backend | None = None,
+           depth: bool = False) -> RenderOutput:
     """Project ``model`` into ``camera`` and rasterize rows ``[y0, y1)`` (default all),
-    with ``backend`` (None: the backend of the model's device)."""
+    with ``backend`` (None: the backend of the model's device), the depth too with
+    ``depth``."""
     splats = project(model, [camera], backend=backend)
     return rasterize(splats.of_camera(0), camera.width, camera.height, rows, background,
-                     backend)
+                     backend, depth)
 
 
 __all__ = ["Backend", "RenderOutput", "Splats", "project", "rasterize", "render"]

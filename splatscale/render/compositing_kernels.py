@@ -6,8 +6,9 @@ vectorises the pixel loop; every per-pixel decision is a select, not a branch.
 A tile's pixels are stored as eight blocks of 8x4 (32 consecutive values, one
 vectorised loop each), and a splat is evaluated only on the blocks where its
 alpha can reach 1/255 (binning's bit masks, ``TileBins.blocks``): elsewhere it
-changes no pixel and no gradient. The kernels composite exactly four channels,
-RGB and depth, fused into the pixel loop rather than looped over.
+changes no pixel and no gradient. The kernels composite RGB and, where asked for,
+depth, fused into the pixel loop rather than looped over. Depth's output or its
+gradient given as None compiles a kernel without it (training reads no depth).
 The backward pass writes one gradient row per intersection; rows are summed per
 splat afterwards in a fixed order, so results never depend on thread timing.
 ``backward_with_absgrad`` also writes, per intersection, the sum over pixels of
@@ -166,9 +167,10 @@ def _set_pixel_centres(px, py, tile_x, tile_y):
 
 
 @nb.njit(inline="always", fastmath=True)
-def _blend_splat(k, packed, local_k, px, py, T, live, last, acc, lo, hi):
-    """Blend intersection k's splat into the pixels [lo, hi) of one block; returns
-    how many pixels it finished and whether it changed any."""
+def _blend_splat(k, packed, local_k, px, py, T, live, last, acc, lo, hi, with_depth):
+    """Blend intersection k's splat into the pixels [lo, hi) of one block (its depth
+    too where ``with_depth``, a constant); returns how many pixels it finished and
+    whether it changed any."""
     zero, one, half, alpha_max, alpha_min, t_min = _constants(px.dtype)
     mx, my = packed[k, MEAN_X], packed[k, MEAN_Y]
     ca, cb, cc = packed[k, CONIC_A], packed[k, CONIC_B], packed[k, CONIC_C]
@@ -194,7 +196,8 @@ def _blend_splat(k, packed, local_k, px, py, T, live, last, acc, lo, hi):
         acc[0, p] += c0 * weight
         acc[1, p] += c1 * weight
         acc[2, p] += c2 * weight
-        acc[3, p] += c3 * weight
+        if with_depth:
+            acc[3, p] += c3 * weight
         # Arithmetic blends, not selects of loaded values: LLVM vectorises these,
         # and with contributes in {0, 1} both are exact.
         T[p] = T_here * (one - contributes * alpha)
@@ -210,8 +213,9 @@ def forward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, 
             out_depth, out_T, out_last, out_blocks):
     """Composite each tile front to back; keep final T and the last splat per pixel.
 
-    ``out_depth`` gets the alpha-weighted depth sum (no background); ``out_blocks[k]``
-    and packed row k's BLOCKS_REACHED the blocks where intersection k changed a pixel.
+    ``out_depth`` gets the alpha-weighted depth sum (no background), or is None: no
+    depth is composited. ``out_blocks[k]`` and packed row k's BLOCKS_REACHED get the
+    blocks where intersection k changed a pixel.
     """
     for i in nb.prange(tile_order.shape[0]):
         _composite_tile(tile_order[i], packed, background, offsets, tiles_x, tile_row0, width,
@@ -228,6 +232,7 @@ def _composite_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y
     """``forward`` of tile t."""
     zero, one, _, _, _, _ = _constants(packed.dtype)
     dtype = packed.dtype
+    with_depth = out_depth is not None  # a constant: numba compiles None apart
     tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
     px, py = np.empty(PIXELS, dtype), np.empty(PIXELS, dtype)
     _set_pixel_centres(px, py, tile_x, tile_y)
@@ -257,7 +262,7 @@ def _composite_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y
             if reached >> block & 1 and block_live[block] > 0:
                 stopped, any_changed = _blend_splat(
                     k, packed, dtype.type(k - start), px, py, T, live, last, acc,
-                    block * BLOCK, (block + 1) * BLOCK)
+                    block * BLOCK, (block + 1) * BLOCK, with_depth)
                 block_live[block] -= stopped
                 n_live -= stopped
                 changed |= (1 << block) if any_changed else 0
@@ -271,17 +276,19 @@ def _composite_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y
         if x < width and y0 <= y and y < y1:
             for ch in range(3):
                 out_rgb[y - y0, x, ch] = acc[ch, p] + T[p] * background[ch]
-            out_depth[y - y0, x] = acc[3, p]
+            if out_depth is not None:
+                out_depth[y - y0, x] = acc[3, p]
             out_T[y - y0, x] = T[p]
             out_last[y - y0, x] = start + int(last[p])
 
 
 @nb.njit(inline="always", fastmath=True)
 def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, reached, out,
-                    absgrad):
+                    absgrad, with_depth):
     """Gradient of intersection k's splat over the blocks set in ``reached`` (a mask of
     BLOCKS bits), written to ``out[k]`` (with ``absgrad``, a constant, its absolute
-    per-pixel means2d gradients summed too).
+    per-pixel means2d gradients summed too; without ``with_depth``, a constant, its
+    depth's is zero and the depth channel's gradients are not read).
 
     Un-blends the splat (T recovered by division, as the CUDA kernels do). Per
     pixel, ``v_out`` is d loss / d pixel channels, ``behind`` the channels of
@@ -321,12 +328,15 @@ def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, re
             T_here = T[p] * ra
             T[p] *= u * ra + (one - u)  # exact blend: ra or 1
             weight = u * alpha * T_here
-            o0, o1, o2, o3 = v_out[0, p], v_out[1, p], v_out[2, p], v_out[3, p]
+            o0, o1, o2 = v_out[0, p], v_out[1, p], v_out[2, p]
             v_c0 += weight * o0
             v_c1 += weight * o1
             v_c2 += weight * o2
-            v_c3 += weight * o3
-            q = c0 * o0 + c1 * o1 + c2 * o2 + c3 * o3
+            q = c0 * o0 + c1 * o1 + c2 * o2
+            if with_depth:
+                o3 = v_out[3, p]
+                v_c3 += weight * o3
+                q += c3 * o3
             v_a = u * (T_here * q - ra * (behind[p] + tail[p]))
             behind[p] += weight * q
             unclamped = one if raw_alpha < alpha_max else zero
@@ -356,7 +366,8 @@ def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, re
 def backward(packed, background, offsets, tile_order, tiles_x, tile_row0, width, y0, y1, final_T,
              last_index, v_rgb, v_depth, v_alpha, isect_grads):
     """Walk each tile back to front, one gradient row per intersection (every row of
-    ``isect_grads`` written, up to GRAD_DEPTH). ``isect_grads`` may be ``packed``
+    ``isect_grads`` written, up to GRAD_DEPTH). ``v_depth`` None: the forward
+    composited no depth (its gradient is zero). ``isect_grads`` may be ``packed``
     itself: a row is read before it is written, and its BLOCKS_REACHED column kept
     (zeroed behind every pixel's last contributor, where no backward reads it)."""
     for i in nb.prange(tile_order.shape[0]):
@@ -383,10 +394,12 @@ def _backprop_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y0
                    last_index, v_rgb, v_depth, v_alpha, isect_grads,
                    absgrad):  # pragma: no cover - compiled
     """The backward of tile t; ``absgrad`` compiled as a constant (each kernel above has
-    only its own branches, and neither pays a run-time test in the pixel loop)."""
+    only its own branches, and neither pays a run-time test in the pixel loop), as is
+    whether ``v_depth`` is None."""
     nb.literally(absgrad)
     one = _constants(packed.dtype)[1]
     dtype = packed.dtype
+    with_depth = v_depth is not None
     tile_x, tile_y = t % tiles_x, tile_row0 + t // tiles_x
     # The pixels' values in one array, not one each: LLVM then sees that they never
     # overlap (their rows lie at fixed distances) and vectorises each pixel loop below
@@ -413,14 +426,15 @@ def _backprop_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y0
             for ch in range(3):
                 v_out[ch, p] = v_rgb[y, x, ch]
                 weighted_bg += background[ch] * v_out[ch, p]
-            v_out[3, p] = v_depth[y, x]
+            if v_depth is not None:
+                v_out[3, p] = v_depth[y, x]
             tail[p] = T[p] * weighted_bg
     isect_grads[k_max + 1:offsets[t + 1]] = 0  # behind every pixel's last contributor
     for k in range(k_max, start - 1, -1):
         # The blocks where the forward's splat changed a pixel (forward narrowed them).
         reached = int(packed[k, BLOCKS_REACHED])
         _backprop_splat(k, packed, dtype.type(k - start), px, py, T, last, v_out, behind,
-                        tail, reached, isect_grads, absgrad)
+                        tail, reached, isect_grads, absgrad, with_depth)
 
 
 @nb.njit(cache=True)

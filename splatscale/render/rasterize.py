@@ -28,7 +28,7 @@ class RenderOutput:
 
     rgb: Tensor     # [h, W, 3]
     alpha: Tensor   # [h, W]
-    depth: Tensor   # [h, W] expected depth of the visible surface, 0 where empty
+    depth: Tensor | None  # [h, W] expected depth of the visible surface, 0 where empty
     rows: tuple[int, int]
 
 
@@ -87,6 +87,7 @@ class _Composite(torch.autograd.Function):
     ``absgrad`` (or None) takes no part in the image: the gradient its backward
     returns is, per splat, the sum over the band's pixels of the absolute per-pixel
     gradient of ``means2d`` (x and y apart), computed only when it requires grad.
+    Without ``depth`` the depth sum is None, and ``depths`` gets no gradient.
     The packed splats go back to ``INTERSECTION_ROWS`` after the forward when no
     backward will follow (``backward_follows`` False), else after the backward.
     """
@@ -94,17 +95,18 @@ class _Composite(torch.autograd.Function):
     @staticmethod
     def forward(ctx, means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
                 opacities: Tensor, background: Tensor, absgrad: Tensor | None, bins: TileBins,
-                width: int, rows: tuple[int, int], backward_follows: bool):
+                width: int, rows: tuple[int, int], depth: bool, backward_follows: bool):
         dtype, height = means2d.dtype, rows[1] - rows[0]
         rgb = torch.empty((height, width, 3), dtype=dtype)
-        depth_sum = torch.empty((height, width), dtype=dtype)
+        depth_sum = torch.empty((height, width), dtype=dtype) if depth else None
         final_T = torch.empty((height, width), dtype=dtype)
         last = torch.empty((height, width), dtype=torch.int32)
         narrowed = np.zeros(len(bins.splat_ids), np.uint8)
         packed, inputs = _kernel_inputs(means2d, conics, colors, depths, opacities, background,
                                         bins, width, rows)
-        compositing_kernels.forward(*inputs, rgb.numpy(), depth_sum.numpy(), final_T.numpy(),
-                                    last.numpy(), narrowed)
+        compositing_kernels.forward(*inputs, rgb.numpy(),
+                                    None if depth_sum is None else depth_sum.numpy(),
+                                    final_T.numpy(), last.numpy(), narrowed)
         if not backward_follows:
             INTERSECTION_ROWS.give_back(packed)
             return rgb, depth_sum, 1.0 - final_T
@@ -118,7 +120,7 @@ class _Composite(torch.autograd.Function):
         return rgb, depth_sum, 1.0 - final_T
 
     @staticmethod
-    def backward(ctx, v_rgb: Tensor, v_depth_sum: Tensor, v_alpha: Tensor):
+    def backward(ctx, v_rgb: Tensor, v_depth_sum: Tensor | None, v_alpha: Tensor):
         means2d, conics, colors, depths, opacities, background, final_T, last = (
             ctx.saved_tensors)
         k = compositing_kernels
@@ -133,8 +135,8 @@ class _Composite(torch.autograd.Function):
         # Each intersection's gradient row is written over its packed splat: no buffer of
         # every intersection is mapped, faulted in and freed again.
         rows = ctx.inputs[0]
-        kernel(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb), _numpy(v_depth_sum),
-               _numpy(v_alpha), rows)
+        kernel(*ctx.inputs, _numpy(final_T), _numpy(last), _numpy(v_rgb),
+               None if v_depth_sum is None else _numpy(v_depth_sum), _numpy(v_alpha), rows)
         # The rows hold gradients now: a backward after this one (kept graph, or this one
         # raising below) packs the splats again.
         packed, ctx.packed, ctx.inputs[0] = ctx.packed, None, None
@@ -157,45 +159,49 @@ class _Composite(torch.autograd.Function):
         # when asked for.
         v_background = ((v_rgb * final_T[..., None]).sum(dim=(0, 1))
                         if ctx.needs_input_grad[5] else None)
-        return (v_means2d, v_conics, v_colors, v_depths, v_opacities, v_background,
-                v_absgrad if absgrad else None, None, None, None, None)
+        return (v_means2d, v_conics, v_colors, v_depths if v_depth_sum is not None else None,
+                v_opacities, v_background, v_absgrad if absgrad else None, None, None, None,
+                None, None)
 
 
 def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
               opacities: Tensor, background: Tensor, bins: TileBins, width: int,
-              rows: tuple[int, int], absgrad: Tensor | None = None
-              ) -> tuple[Tensor, Tensor, Tensor]:
+              rows: tuple[int, int], absgrad: Tensor | None = None, depth: bool = False
+              ) -> tuple[Tensor, Tensor | None, Tensor]:
     """Composite binned splats into rows ``rows`` of the image.
 
     Returns rgb [h, W, 3] over ``background``, the alpha-weighted depth sum
-    [h, W] and alpha [h, W]. ``absgrad`` [M, 2], when given, gets as its gradient
-    each splat's absolute per-pixel ``means2d`` gradients summed over the band.
+    [h, W] (None without ``depth``: not composited) and alpha [h, W]. ``absgrad``
+    [M, 2], when given, gets as its gradient each splat's absolute per-pixel
+    ``means2d`` gradients summed over the band.
     """
     inputs = (means2d, conics, colors, depths, opacities, background, absgrad)
     backward_follows = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in inputs)
-    return _Composite.apply(*inputs, bins, width, rows, backward_follows)
+    return _Composite.apply(*inputs, bins, width, rows, depth, backward_follows)
 
 
-def composite_cpu(splats: Splats, background: Tensor, width: int,
-                  rows: tuple[int, int]) -> tuple[Tensor, Tensor, Tensor]:
+def composite_cpu(splats: Splats, background: Tensor, width: int, rows: tuple[int, int],
+                  depth: bool) -> tuple[Tensor, Tensor | None, Tensor]:
     """The cpu backend's ``composite``: ``splats`` binned into tiles, then composited by
     the numba kernels."""
     bins = bin_tiles(splats.means2d, splats.radii, splats.depths, splats.keys, width, rows,
                      splats.conics, splats.opacities)
     return composite(splats.means2d, splats.conics, splats.colors, splats.depths,
-                     splats.opacities, background, bins, width, rows, splats.absgrad)
+                     splats.opacities, background, bins, width, rows, splats.absgrad, depth)
 
 
 def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | None = None,
-              background: Tensor | None = None, backend: Backend | None = None) -> RenderOutput:
+              background: Tensor | None = None, backend: Backend | None = None,
+              depth: bool = False) -> RenderOutput:
     """Render pixel rows ``[y0, y1)`` (default: all) of one camera's splats.
 
     The band's pixels and gradients equal those rows of a full render: tiles
     stay on the image's 16x16 grid whatever the band. ``backend`` None: the backend
     of the splats' device. Where ``splats.absgrad`` is not None, after the backward
     pass its gradient holds each splat's absolute per-pixel ``means2d`` gradients,
-    summed over the band's pixels.
+    summed over the band's pixels. The depth is rendered only with ``depth`` (else
+    None): training and viewing read none, and the CPU's kernels run faster without.
     """
     y0, y1 = rows if rows is not None else (0, height)
     if not 0 <= y0 < y1 <= height:
@@ -206,5 +212,7 @@ def rasterize(splats: Splats, width: int, height: int, rows: tuple[int, int] | N
     background = (torch.zeros(3, dtype=dtype, device=device) if background is None
                   else background.to(dtype=dtype, device=device))
     backend = backend or backend_for(device)
-    rgb, depth_sum, alpha = backend.composite(splats, background, width, (y0, y1))
-    return RenderOutput(rgb, alpha, depth_sum / torch.clamp_min(alpha, DEPTH_EPS), (y0, y1))
+    rgb, depth_sum, alpha = backend.composite(splats, background, width, (y0, y1), depth)
+    expected_depth = (None if depth_sum is None
+                      else depth_sum / torch.clamp_min(alpha, DEPTH_EPS))
+    return RenderOutput(rgb, alpha, expected_depth, (y0, y1))

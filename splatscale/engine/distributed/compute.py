@@ -265,14 +265,13 @@ class ManyRanks:
         collectives.all_reduce(work)
         bands = partition(work, [camera], self.world, self.row_cost())
         floats, ints = self._exchange(splats, bands, [camera])
-        image = torch.zeros(camera.height, camera.width, 5, dtype=working.model.means.dtype)
+        image = torch.zeros(camera.height, camera.width, 4, dtype=working.model.means.dtype)
         for band in bands[self.rank]:
             out = rasterize(unpack(floats, ints, 0, camera), camera.width, camera.height,
                             rows=band.rows, background=self.background, backend=self.backend)
-            image[band.rows[0]:band.rows[1]] = torch.cat(
-                [out.rgb, out.alpha[..., None], out.depth[..., None]], dim=-1)
+            image[band.rows[0]:band.rows[1]] = torch.cat([out.rgb, out.alpha[..., None]], dim=-1)
         collectives.all_reduce(image)  # each row comes from one rank, zeros from the others
-        return RenderOutput(image[..., :3], image[..., 3], image[..., 4], (0, camera.height))
+        return RenderOutput(image[..., :3], image[..., 3], None, (0, camera.height))
 
     def shard(self) -> tuple[int, int]:
         return self.rank, self.world
