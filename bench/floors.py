@@ -86,13 +86,14 @@ def bytes_per(counts: dict) -> dict:
         "projection": 11 * FLOAT * n + v * (3 * FLOAT + ID + 2 * FLOAT + splat_values * FLOAT),
         # splat values, radii and keys read; each intersection's splat id and blocks
         "binning": v * (8 * FLOAT + 2 * FLOAT + ID) + i * (ID + 1),
-        # splats and intersections read; colour, depth, T and last contributor written
-        "compositing": v * splat_values * FLOAT + i * (ID + 1) + p * 6 * FLOAT,
+        # splats and intersections read; colour, T and last contributor written (training
+        # renders no depth)
+        "compositing": v * splat_values * FLOAT + i * (ID + 1) + p * 5 * FLOAT,
         "loss": 3 * 3 * FLOAT * p,  # image and target read, its gradient written
-        # splats, intersections, the image's gradients, T and last read; the splats'
-        # gradients written
+        # splats, intersections, the image's and alpha's gradients, T and last read; the
+        # splats' gradients written
         "compositing_backward": (2 * v * splat_values * FLOAT + i * (ID + 1)
-                                 + p * 7 * FLOAT),
+                                 + p * 6 * FLOAT),
         # the splats' gradients and their Gaussians' values in use read, the Gaussians'
         # gradients written
         "projection_backward": v * (2 * DEGREE_0 * FLOAT + splat_values * FLOAT),

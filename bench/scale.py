@@ -56,10 +56,10 @@ INT_COLUMNS = 4  # radii (2), key, camera: int64 each
 FORWARD_BYTES = FLOAT_BYTES * sum(FLOAT_COLUMNS.values()) + 8 * INT_COLUMNS
 GRADIENT_BYTES = FLOAT_BYTES * sum(FLOAT_COLUMNS.values())
 # One packed row per intersection (its gradient row written over it) and its splat id;
-# per pixel: rgb, depth sum, transmittance and their gradients, and the last
-# contributor's index.
+# per pixel: rgb, transmittance and their gradients, and the last contributor's index
+# (training renders no depth).
 INTERSECTION_BYTES = FLOAT_BYTES * PACKED_WIDTH + 8
-PIXEL_BYTES = FLOAT_BYTES * 2 * 5 + 4
+PIXEL_BYTES = FLOAT_BYTES * 2 * 4 + 4
 
 
 def state_bytes(engine: ComposedEngine) -> int:

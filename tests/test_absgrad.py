@@ -48,13 +48,16 @@ def pixel_weights(rows, dtype=torch.float64, seed=0):
 
 
 def per_pixel_loss(rgb, alpha, depth, weights):
-    """[h, W]: each pixel's own term of the loss."""
-    return ((rgb * weights[0]).sum(-1) + alpha * weights[1] + depth * weights[2])
+    """[h, W]: each pixel's own term of the loss (no depth term where ``depth`` is None,
+    as a render without depth gives)."""
+    terms = (rgb * weights[0]).sum(-1) + alpha * weights[1]
+    return terms if depth is None else terms + depth * weights[2]
 
 
-def brute_force_absgrad(splats, rows, weights):
+def brute_force_absgrad(splats, rows, weights, with_depth=True):
     """Each pixel's loss term differentiated on its own (float64 autograd through the
-    per-pixel reference renderer), its absolute value summed over the band's pixels."""
+    per-pixel reference renderer), its absolute value summed over the band's pixels;
+    the loss's depth term only ``with_depth``."""
     means2d = splats.means2d.detach().clone().requires_grad_(True)
     features = torch.cat([splats.colors, splats.depths[:, None]], 1).detach()
     image, alpha = brute_force_composite(means2d, splats.conics.detach(), features,
@@ -63,7 +66,8 @@ def brute_force_absgrad(splats, rows, weights):
                                          splats.depths.detach(), WIDTH, HEIGHT)
     y0, y1 = rows
     depth = image[..., 3] / torch.clamp_min(alpha, DEPTH_EPS)
-    terms = per_pixel_loss(image[y0:y1, :, :3], alpha[y0:y1], depth[y0:y1], weights)
+    terms = per_pixel_loss(image[y0:y1, :, :3], alpha[y0:y1],
+                           depth[y0:y1] if with_depth else None, weights)
     total = torch.zeros_like(means2d)
     for term in terms.flatten():
         (grad,) = torch.autograd.grad(term, means2d, retain_graph=True)
@@ -71,14 +75,16 @@ def brute_force_absgrad(splats, rows, weights):
     return total
 
 
+@pytest.mark.parametrize("depth", [True, False])
 @pytest.mark.parametrize("rows", [(0, HEIGHT), (6, 21)])
-def test_cpu_absgrad_is_the_sum_of_each_pixels_absolute_gradient(rows):
-    """A whole image, and a band across a tile row's edge: only its pixels count."""
+def test_cpu_absgrad_is_the_sum_of_each_pixels_absolute_gradient(rows, depth):
+    """A whole image, and a band across a tile row's edge: only its pixels count;
+    rendered with depth and without (as training renders)."""
     splats, leaves = with_leaves(overlapping_splats())
     weights = pixel_weights(rows)
-    out = rasterize(splats, WIDTH, HEIGHT, rows, depth=True)
+    out = rasterize(splats, WIDTH, HEIGHT, rows, depth=depth)
     per_pixel_loss(out.rgb, out.alpha, out.depth, weights).sum().backward()
-    want = brute_force_absgrad(splats, rows, weights)
+    want = brute_force_absgrad(splats, rows, weights, depth)
     got = leaves["absgrad"].grad
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12)
     # The pixels pull the means different ways: the absolute sums exceed the gradient's.

@@ -130,7 +130,7 @@ def render_both(splats, inputs, rows, background):
     """rgb, depth sum and alpha of the cuda backend's code and of the cpu backend."""
     ours = composite(inputs["means2d"], inputs["conics"], inputs["colors"], inputs["depths"],
                      inputs["opacities"], splats.radii, splats.keys, background, WIDTH, rows,
-                     reference_kernels())
+                     reference_kernels(), depth=True)
     bins = bin_tiles(splats.means2d, splats.radii, inputs["depths"].detach(), splats.keys, WIDTH,
                      rows)
     theirs = cpu_composite(inputs["means2d"], inputs["conics"], inputs["colors"],
@@ -166,8 +166,10 @@ def test_a_band_equals_those_rows_of_the_full_render():
     background = torch.zeros(3, dtype=torch.float64)
     kernels = reference_kernels()
     args = [inputs[n] for n in ("means2d", "conics", "colors", "depths", "opacities")]
-    full = composite(*args, splats.radii, splats.keys, background, WIDTH, (0, HEIGHT), kernels)
-    band = composite(*args, splats.radii, splats.keys, background, WIDTH, (11, 27), kernels)
+    full = composite(*args, splats.radii, splats.keys, background, WIDTH, (0, HEIGHT), kernels,
+                     depth=True)
+    band = composite(*args, splats.radii, splats.keys, background, WIDTH, (11, 27), kernels,
+                     depth=True)
     for whole, part in zip(full, band):
         torch.testing.assert_close(part, whole[11:27], rtol=1e-12, atol=0)
 

@@ -142,7 +142,6 @@ print(cpu_compile.kernels_cached())
 cpu_compile.rasterize = functools.partial(rasterize, depth=True)
 cpu_compile.pixels_part()
 print(cpu_compile.kernels_cached((kernels.forward, kernels.backward)))
-cpu_compile.rasterize = rasterize
 with cpu_compile.compiling() as finish:
     print(finish())
 print(cpu_compile.kernels_cached())

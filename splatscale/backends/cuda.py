@@ -152,7 +152,7 @@ def _colors(model: GaussianModel, viewmats: Tensor, camera_ids: Tensor, gaussian
 def composite(means2d: Tensor, conics: Tensor, colors: Tensor, depths: Tensor,
               opacities: Tensor, radii: Tensor, keys: Tensor, background: Tensor, width: int,
               rows: tuple[int, int], kernels: Kernels, absgrad: Tensor | None = None,
-              depth: bool = True) -> tuple[Tensor, Tensor | None, Tensor]:
+              depth: bool = False) -> tuple[Tensor, Tensor | None, Tensor]:
     """rgb [h, W, 3] over ``background``, the alpha-weighted depth sum [h, W] (None
     without ``depth``) and alpha [h, W] of rows ``[y0, y1)``, as
     ``rasterize.composite`` returns them, and ``absgrad``'s gradient as it gives it."""

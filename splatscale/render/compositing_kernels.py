@@ -276,6 +276,8 @@ def _composite_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y
         if x < width and y0 <= y and y < y1:
             for ch in range(3):
                 out_rgb[y - y0, x, ch] = acc[ch, p] + T[p] * background[ch]
+            # Tested as written, not as ``with_depth``: numba drops a branch on an
+            # argument that is None before typing, so None is never indexed.
             if out_depth is not None:
                 out_depth[y - y0, x] = acc[3, p]
             out_T[y - y0, x] = T[p]
@@ -305,7 +307,8 @@ def _backprop_splat(k, packed, local_k, px, py, T, last, v_out, behind, tail, re
     s_x = s_y = s_xx = s_xy = s_yy = v_op = v_c0 = v_c1 = v_c2 = v_c3 = zero
     abs_x = abs_y = zero
     # Each run of consecutive reached blocks is one pixel loop, not a loop per block:
-    # every loop ends in a horizontal sum of each of its ten vector accumulators.
+    # every loop ends in a horizontal sum of each of its ten vector accumulators (nine
+    # without depth).
     # Each run is found from the mask's trailing zero bits (its first block), then from
     # those of the complement (its length), not by a test of each block: which blocks a
     # splat reaches is as good as random, so such a branch is hard to predict.
@@ -426,7 +429,7 @@ def _backprop_tile(t, packed, background, offsets, tiles_x, tile_row0, width, y0
             for ch in range(3):
                 v_out[ch, p] = v_rgb[y, x, ch]
                 weighted_bg += background[ch] * v_out[ch, p]
-            if v_depth is not None:
+            if v_depth is not None:  # (``_composite_tile`` says why not ``with_depth``)
                 v_out[3, p] = v_depth[y, x]
             tail[p] = T[p] * weighted_bg
     isect_grads[k_max + 1:offsets[t + 1]] = 0  # behind every pixel's last contributor

@@ -28,7 +28,8 @@ class RenderOutput:
 
     rgb: Tensor     # [h, W, 3]
     alpha: Tensor   # [h, W]
-    depth: Tensor | None  # [h, W] expected depth of the visible surface, 0 where empty
+    # [h, W] expected depth of the visible surface, 0 where empty; None unless asked for
+    depth: Tensor | None
     rows: tuple[int, int]
 
 
