@@ -133,15 +133,18 @@ def test_the_compile_parts_compile_what_a_training_step_calls(tmp_path):
 
 
 FILL_A_COLD_CACHE = """
-import functools
+import numpy as np
 from splatscale.backends import cpu_compile
 from splatscale.render import compositing_kernels as kernels
-from splatscale.render.rasterize import rasterize
 
 print(cpu_compile.kernels_cached())
-cpu_compile.rasterize = functools.partial(rasterize, depth=True)
-cpu_compile.pixels_part()
-print(cpu_compile.kernels_cached((kernels.forward, kernels.backward)))
+# The compositing forward of an empty tile, with a depth output.
+f32, image = np.float32, (16, 16)
+kernels.forward(np.zeros((0, kernels.PACKED_WIDTH), f32), np.zeros(3, f32),
+                np.zeros(2, np.int64), np.zeros(1, np.int64), 1, 0, 16, 0, 16,
+                np.zeros((*image, 3), f32), np.zeros(image, f32), np.zeros(image, f32),
+                np.zeros(image, np.int32), np.zeros(0, np.uint8))
+print(cpu_compile.kernels_cached((kernels.forward,)))
 with cpu_compile.compiling() as finish:
     print(finish())
 print(cpu_compile.kernels_cached())
