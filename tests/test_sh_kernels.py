@@ -1,7 +1,6 @@
-"""The SH kernels' float32 colours and gradients, bit for bit those of the code that
-took one pair at a time (commit 7f45f0b), before the arithmetic ran in lanes on the
-vector units. In float64 their sums' fast-math reassociation rounds otherwise in the
-lanes (by an ulp or so); ``test_projection`` holds those to the torch reference."""
+"""The SH kernels' float32 colours and gradients at every degree, bit for bit those of
+commit 7f45f0b: whatever runs them otherwise (on the vector units, say) must keep a
+float32 model's bits. float64 is held to the torch reference (``test_projection``)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import torch
 
 from splatscale.render.projection import _ShColors
 
-GAUSSIANS = 700  # two cameras: chunks of 256 pairs, lanes of 64, and a remainder of each
+GAUSSIANS = 700  # two cameras: chunks of 256 pairs and a remainder in each
 
 # sha256 of the colours' and the three gradients' bytes (``digest``) at SH degrees 0 to 3,
 # as 7f45f0b computed them from the inputs below.
@@ -48,5 +47,5 @@ def digest(degree: int) -> str:
 
 
 @pytest.mark.parametrize("degree", range(4))
-def test_float32_colours_and_gradients_are_the_pair_by_pair_codes(degree):
+def test_float32_colours_and_gradients_are_those_of_7f45f0b(degree):
     assert digest(degree) == BEFORE[degree]
