@@ -1,6 +1,7 @@
 """The SH kernels' float32 colours and gradients at every degree, bit for bit those of
-commit 7f45f0b: whatever runs them otherwise (on the vector units, say) must keep a
-float32 model's bits. float64 is held to the torch reference (``test_projection``)."""
+commit 7f45f0b, which took one pair at a time: running them in lanes on the vector
+units changed no bit of a float32 model. In float64 the fast-math sums reassociate
+otherwise in the lanes; ``test_projection`` holds those to the torch reference."""
 
 from __future__ import annotations
 

@@ -255,23 +255,24 @@ def _sh_colors(means: Tensor, sh0: Tensor, shN: Tensor, gaussian_ids: Tensor,
 
 
 class _ShColors(torch.autograd.Function):
-    """``_sh_colors`` by numba kernels: one pass over the pairs each way, only the
-    inputs saved."""
+    """``_sh_colors`` by numba kernels: one pass over the pairs each way, the inputs and
+    where the clamp at 0 held each colour saved."""
 
     @staticmethod
     def forward(ctx, means, sh0, shN, gaussian_ids, camera_ids, centres, degree):
         colors = torch.empty(len(gaussian_ids), 3, dtype=means.dtype)
+        clamped = torch.empty(len(gaussian_ids), 3, dtype=torch.bool)
         inputs = [t.detach().contiguous() for t in (means, sh0, shN, gaussian_ids, camera_ids,
                                                     centres)]
         arrays = [t.numpy() for t in inputs]
-        sh_kernels.sh_forward(*arrays[:3], degree, *arrays[3:], colors.numpy())
-        ctx.save_for_backward(*inputs)
+        sh_kernels.sh_forward(*arrays[:3], degree, *arrays[3:], colors.numpy(), clamped.numpy())
+        ctx.save_for_backward(*inputs, clamped)
         ctx.degree = degree
         return colors
 
     @staticmethod
     def backward(ctx, v_colors):
-        means, sh0, shN, gaussian_ids, camera_ids, centres = ctx.saved_tensors
+        means, sh0, shN, gaussian_ids, camera_ids, centres, clamped = ctx.saved_tensors
         # Degree 0 has no direction and uses no coefficient of shN: the kernel writes
         # neither gradient, and none is returned (empty arrays in their place). Adam
         # then knows shN's gradient is zero without a pass over it (``GaussianAdam``).
@@ -282,7 +283,7 @@ class _ShColors(torch.autograd.Function):
                                gaussian_ids.numpy(),
                                camera_offsets(camera_ids, len(centres)).numpy(),
                                centres.numpy(), v_colors.contiguous().numpy(),
-                               *(g.numpy() for g in grads))
+                               clamped.numpy(), *(g.numpy() for g in grads))
         if not directed:
             return None, grads[1], None, None, None, None, None
         return grads[0], grads[1], grads[2], None, None, None, None
