@@ -240,9 +240,9 @@ def test_pinhole_plain_projection_is_that_of_commit_68d7002(dtype):
     differed between numba's cached and freshly compiled compositing kernels. The
     opacities' sigmoid changed since, to round alike wherever a Gaussian is stored
     (``model.gaussians.sigmoid``): the opacities and their logits' gradient are held to
-    rounding, the rest to the bit. So are the float64 colours, which the SH kernels
-    compute in lanes since (the sums' fast-math reassociation rounds otherwise there;
-    float32's are the same bits, ``test_sh_kernels``)."""
+    rounding, the rest to the bit. So are the float64 colours: the SH kernels have
+    since run in lanes, where their fast-math sums reassociate otherwise (float32's
+    are the same bits, ``test_sh_kernels``)."""
     from splatscale.render.projection import _ewa_pairs, visibility_cpu, visibility_torch
     from splatscale.render.splats import camera_tensors
     params = {n: _saved(f"inputs/params/{n}").to(dtype) for n in GaussianModel.PARAMETERS}

@@ -1,7 +1,8 @@
 """The SH kernels' float32 colours and gradients at every degree, bit for bit those of
-commit 7f45f0b, which took one pair at a time: running them in lanes on the vector
-units changed no bit of a float32 model. In float64 the fast-math sums reassociate
-otherwise in the lanes; ``test_projection`` holds those to the torch reference."""
+commit 7f45f0b, which took one pair at a time, on inputs that exercise chunks, lanes
+and clamps: the lanes on the vector units changed no bit of them. In float64 the
+fast-math sums reassociate otherwise in the lanes; ``test_projection`` holds those to
+the torch reference."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import torch
 
 from splatscale.render.projection import _ShColors
 
-GAUSSIANS = 700  # two cameras: chunks of 256 pairs and a remainder in each
+# Seen by two cameras: chunks of 256 pairs (CHUNK) and lanes of 64 (LANES), with
+# remainders of each.
+GAUSSIANS = 700
 
 # sha256 of the colours' and the three gradients' bytes (``digest``) at SH degrees 0 to 3,
 # as 7f45f0b computed them from the inputs below.
@@ -34,11 +37,13 @@ def digest(degree: int) -> str:
     sh0 = values((GAUSSIANS, 1, 3), 2)
     sh0[::5] *= 4  # some colours clamped at 0
     shN = values((GAUSSIANS, 15, 3), 3) / 2
+    shN[:, (degree + 1) ** 2 - 1:] = torch.nan  # above the degree: never read
     leaves = [t.requires_grad_(True) for t in (means, sh0, shN)]
     gaussian_ids = torch.arange(GAUSSIANS).repeat(2)
     camera_ids = torch.arange(2).repeat_interleave(GAUSSIANS)
     centres = torch.tensor([[0.0, 0.0, -6.0], [5.0, 1.0, 0.5]])
     colors = _ShColors.apply(*leaves, gaussian_ids, camera_ids, centres, degree)
+    assert (colors == 0).any(), "the clamp must hold some colours"
     upstream = values(tuple(colors.shape), 4)
     grads = torch.autograd.grad((colors * upstream).sum(), leaves, allow_unused=True)
     found = hashlib.sha256(colors.detach().numpy().tobytes())

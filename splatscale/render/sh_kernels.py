@@ -15,14 +15,17 @@ Like them, they read rows by index, not as views, and run chunks of pairs in
 parallel (see ``projection_kernels``).
 
 Like the projection's, the arithmetic runs on the vector units, ``LANES`` pairs at a
-time: a pair's offset and coefficients (up to the degree) are gathered into one row
-a value (``_fill_lanes``), each band of the basis and its sums is a loop over the
-lanes, and the results are written out, the backward's added to the Gaussians' rows
-in pair order. Each lane does the operations of the code that took one pair at a
-time, in its precisions (float64, as the float64 constants make them): in float32
-the colours and gradients are that code's to the bit (``tests/test_sh_kernels.py``);
-in float64 the fast-math sums reassociate otherwise in the lanes, by about an ulp.
-The backward takes the forward's clamps rather than summing the colours again.
+time: a pair's offset and coefficients (up to the degree, 0 to 3) are gathered into
+one row a value (``_fill_lanes``), each band of the basis and its sums is a loop over
+the lanes (counted with unsigned indices: ``projection_kernels._lane_gradients`` says
+why), and the results are written out, the backward's added to the Gaussians' rows in
+pair order. The bands group the sums as the code before them did, which took one pair
+at a time; its operations and precisions (float64, as the float64 constants make
+them) are each lane's. Its fast-math sums reassociate otherwise in the lanes: float64
+results differ from it by about an ulp, and a float32 result would differ only where
+such an ulp crossed a float32 rounding boundary (none did in
+``tests/test_sh_kernels.py``, nor in a trained model). The backward takes the
+forward's clamps rather than summing the colours again.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ OFFSET, SH0, SHN, LANE_INPUTS = 0, 3, 6, 51
 
 @numba.njit(inline="always")
 def _fill_lanes(lanes, j, means, sh0, shN, used, g, centres, c):  # pragma: no cover - compiled
-    """lanes[:, j]: Gaussian g's offset from camera c, sh0 and the first ``used``
-    coefficients of shN (those above are not read)."""
+    """lanes[:SHN + 3 used, j]: Gaussian g's offset from camera c, sh0 and the first
+    ``used`` coefficients of shN (those above are neither read nor written)."""
     lanes[OFFSET, j] = means[g, 0] - centres[c, 0]
     lanes[OFFSET + 1, j] = means[g, 1] - centres[c, 1]
     lanes[OFFSET + 2, j] = means[g, 2] - centres[c, 2]
@@ -59,12 +62,13 @@ def _fill_lanes(lanes, j, means, sh0, shN, used, g, centres, c):  # pragma: no c
         _copy_coefficients(lanes, j, shN, g, 0, 3)
     if used >= 8:
         _copy_coefficients(lanes, j, shN, g, 3, 8)
-    if used == 15:
+    if used >= 15:
         _copy_coefficients(lanes, j, shN, g, 8, 15)
 
 
 @numba.njit(inline="always")
 def _copy_coefficients(lanes, j, shN, g, lo, hi):  # pragma: no cover - compiled
+    """lanes' rows of shN[g, k] (coefficient k + 1) for k from lo below hi."""
     for k in range(lo, hi):
         lanes[SHN + 3 * k, j] = shN[g, k, 0]
         lanes[SHN + 3 * k + 1, j] = shN[g, k, 1]
@@ -74,7 +78,7 @@ def _copy_coefficients(lanes, j, shN, g, lo, hi):  # pragma: no cover - compiled
 @numba.njit(inline="always")
 def _band_1(lanes, basis, j, c):  # pragma: no cover - compiled
     """sum_k basis_k coeff_k over band 1 in channel c, one sum of its terms as the
-    reference writes it (``_band_2``, ``_band_3`` likewise)."""
+    pair-by-pair code grouped it (``_band_2``, ``_band_3``: bands 2 and 3)."""
     return (basis[0, j] * lanes[SHN + c, j] + basis[1, j] * lanes[SHN + 3 + c, j]
             + basis[2, j] * lanes[SHN + 6 + c, j])
 
@@ -103,6 +107,7 @@ def _band_1_basis(x, y, z):  # pragma: no cover - compiled
 
 @numba.njit(inline="always")
 def _band_2_basis(x, y, z):  # pragma: no cover - compiled
+    """basis_4 to basis_8."""
     xx, yy, zz = x * x, y * y, z * z
     return (SH_C2[0] * x * y, SH_C2[1] * y * z, SH_C2[2] * (2 * zz - xx - yy),
             SH_C2[3] * x * z, SH_C2[4] * (xx - yy))
@@ -110,6 +115,7 @@ def _band_2_basis(x, y, z):  # pragma: no cover - compiled
 
 @numba.njit(inline="always")
 def _band_3_basis(x, y, z):  # pragma: no cover - compiled
+    """basis_9 to basis_15."""
     xx, yy, zz = x * x, y * y, z * z
     return (SH_C3[0] * y * (3 * xx - yy), SH_C3[1] * x * y * z,
             SH_C3[2] * y * (4 * zz - xx - yy), SH_C3[3] * z * (2 * zz - 3 * xx - 3 * yy),
@@ -129,10 +135,11 @@ def _unit_direction(lanes, unit, j):  # pragma: no cover - compiled
 
 @numba.njit(inline="always")
 def _raw_colors(count, degree, lanes, unit, basis, raw):  # pragma: no cover - compiled
-    """raw[:, j]: the sum before the offset and clamp of lanes j below ``count``, band
-    by band up to ``degree``, each band a loop with no test inside: LLVM keeps a loop
-    with the degree's tests inside it scalar, and a loop of its own for each degree
-    would compile four times the code."""
+    """raw[:, j]: the sum before the offset and clamp of lanes j below ``count``; for
+    ``degree`` >= 1 also unit[:, j] (``_unit_direction``) and basis[k - 1, j] = basis_k
+    for k up to the degree. Band by band, each band a loop with no test inside: LLVM
+    keeps a loop with the degree's tests inside it scalar, and a loop of its own for
+    each degree would compile four times the code."""
     if degree == 0:
         for j in range(np.uint64(0), count):
             raw[0, j] = SH_C0 * lanes[SH0, j]
@@ -166,8 +173,8 @@ def _raw_colors(count, degree, lanes, unit, basis, raw):  # pragma: no cover - c
 @numba.njit(inline="always")
 def _work_arrays():  # pragma: no cover - compiled
     """A chunk's float64 rows (the arithmetic's precision), as ``_raw_colors`` and
-    ``_lane_gradients`` take them: unit 4, basis 15, raw 3, v 3 and grad 3, views of
-    one allocation rather than five."""
+    ``_lane_gradients`` take them: unit 4, basis 15, raw 3, v 3 and grad 3 (a kernel
+    uses three or four of them), views of one allocation."""
     work = np.empty((4 + 15 + 3 + 3 + 3, LANES))
     return work[:4], work[4:19], work[19:22], work[22:25], work[25:]
 
@@ -177,7 +184,8 @@ def _work_arrays():  # pragma: no cover - compiled
 @numba.njit(nogil=True, cache=True, fastmath=FASTMATH, error_model="numpy")
 def _colors_of(lo, hi, means, sh0, shN, degree, gaussian_ids, camera_ids, centres, colors,
                clamped):  # pragma: no cover - compiled
-    """Pairs [lo, hi)'s colours and clamps, ``LANES`` at a time."""
+    """Pairs [lo, hi)'s colours, and where the clamp at 0 held each (``sh_forward``),
+    ``LANES`` at a time."""
     lanes = np.empty((LANE_INPUTS, LANES), means.dtype)
     unit, basis, raw, _, _ = _work_arrays()
     used = (degree + 1) ** 2 - 1
@@ -234,7 +242,7 @@ def _lane_gradients(count, degree, lanes, unit, basis, v, grad):  # pragma: no c
             grad[0, j] += c[0] * y * w4 + c[3] * z * w7 - 2 * c[2] * x * w6 + 2 * c[4] * x * w8
             grad[1, j] += c[0] * x * w4 + c[1] * z * w5 - 2 * c[2] * y * w6 - 2 * c[4] * y * w8
             grad[2, j] += c[1] * y * w5 + 4 * c[2] * z * w6 + c[3] * x * w7
-    if degree == 3:
+    if degree >= 3:
         c = SH_C3
         for j in range(np.uint64(0), count):
             x, y, z = unit[0, j], unit[1, j], unit[2, j]
@@ -277,7 +285,7 @@ def _add_lane_gradient(j, g, used, basis, v, grad, v_means, v_sh0,
         _add_basis_times(j, g, 0, 3, basis, v0, v1, v2, v_shN)
     if used >= 8:
         _add_basis_times(j, g, 3, 8, basis, v0, v1, v2, v_shN)
-    if used == 15:
+    if used >= 15:
         _add_basis_times(j, g, 8, 15, basis, v0, v1, v2, v_shN)
     if used > 0:
         v_means[g, 0] += grad[0, j]
