@@ -283,7 +283,7 @@ def test_output_that_is_a_file(tmp_path, capsys):
 
 
 def test_a_write_that_fails_names_the_file(tmp_path):
-    """A file size limit stands in for a full disk: the checkpoint (~290 kB, written
+    """A file size limit stands in for a full disk: the checkpoint (~90 kB, written
     before the model) cannot be written. A first run here writes the demo's images and
     the kernels' cache, which the limited run then only reads."""
     cache = ["--cache-dir", str(tmp_path / "cache")]
@@ -292,7 +292,7 @@ def test_a_write_that_fails_names_the_file(tmp_path):
 
     def limit_file_size():
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write rather than kill
-        resource.setrlimit(resource.RLIMIT_FSIZE, (150_000, 150_000))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
 
     out = tmp_path / "out"
     result = run_cli("train", "-o", str(out), "--iterations", "2", "--schedule-scale", "1",

@@ -56,10 +56,11 @@ from splatscale.data.cameras import Camera
 from splatscale.engine import StepResult, TrainView
 from splatscale.engine.rows import Rows
 from splatscale.engine.state import EngineState
-from splatscale.model.gaussians import GaussianModel
+from splatscale.model.gaussians import GaussianModel, sh_rest
 from splatscale.render import RenderOutput
 from splatscale.step.row_set import RowSet
 from splatscale.step.selection import Number, Total
+from splatscale.step.sh_bands import hold_sh_bands
 from splatscale.step.spatial_order import spatial_order
 from splatscale.step.observer import GradientTerm, Observer
 
@@ -156,7 +157,12 @@ class ComposedEngine:
         self.rows.step(learning_rates)
 
     def set_sh_degree(self, degree: int) -> None:
-        self.rows.row_set.model.sh_degree = degree
+        rows = self.rows
+        rows.row_set.model.sh_degree = degree
+        if rows.row_set.params["shN"].shape[1] != sh_rest(degree):
+            rows.bring_current()
+            if hold_sh_bands(rows.row_set, degree):
+                rows.rows_edited(replaced=False)
 
     def render(self, camera: Camera) -> RenderOutput:
         self.rows.bring_current()

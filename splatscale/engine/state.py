@@ -37,7 +37,7 @@ def state_problem(state) -> str | None:
     if type(state["densify_events"]) is not int or state["densify_events"] < 0:
         return f"densify_events is {state['densify_events']!r}"
     try:
-        model = GaussianModel(**state["model"], keys=state["keys"])
+        model = GaussianModel(**state["model"], sh_degree=state["sh_degree"], keys=state["keys"])
     except (TypeError, ValueError, AttributeError) as error:
         return f"its Gaussians are malformed ({error})"
     non_finite = len(model.non_finite_rows())

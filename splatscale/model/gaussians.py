@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -12,6 +13,14 @@ from torch import Tensor
 MAX_SH_DEGREE = 3
 SH_REST = (MAX_SH_DEGREE + 1) ** 2 - 1
 SH_C0 = 0.28209479177387814  # the degree-0 basis function: colour = SH_C0 * sh0 + 0.5
+
+
+def sh_rest(degree: int) -> int:
+    """How many coefficients of ``shN`` SH of ``degree`` uses (all but sh0's)."""
+    return (degree + 1) ** 2 - 1
+
+
+HELD_REST = tuple(sh_rest(degree) for degree in range(MAX_SH_DEGREE + 1))
 
 
 class _Sigmoid(torch.autograd.Function):
@@ -39,8 +48,9 @@ class GaussianModel:
     """Struct of per-Gaussian tensors, stored as the optimiser sees them.
 
     means [N,3]; quats [N,4] wxyz, unnormalised; log_scales [N,3];
-    opacity_logits [N]; sh0 [N,1,3]; shN [N,15,3]. ``sh_degree`` is the degree
-    in use (0..3); the coefficients of higher degrees are kept but ignored.
+    opacity_logits [N]; sh0 [N,1,3]; shN [N,K,3], K = ``sh_rest(d)`` of a degree d
+    from ``sh_degree`` to 3 (0, 3, 8 or 15). ``sh_degree`` is the degree in use
+    (0..3); coefficients of higher degrees, where held, are kept but ignored.
 
     ``keys`` [N] int64 name each Gaussian whatever its storage position (default
     0..N-1): they travel with it through densification and between ranks, and
@@ -74,14 +84,17 @@ class GaussianModel:
         self.sh_degree = sh_degree
         self.antialiased = antialiased
         n = self.means.shape[0]
+        if not 0 <= self.sh_degree <= MAX_SH_DEGREE:
+            raise ValueError(f"sh_degree must be in 0..{MAX_SH_DEGREE}, got {self.sh_degree}")
+        held = shN.shape[1] if shN.dim() == 3 else -1
+        if held not in HELD_REST or held < sh_rest(self.sh_degree):
+            held = SH_REST  # the shape to name below
         expected = {"means": (n, 3), "quats": (n, 4), "log_scales": (n, 3),
-                    "opacity_logits": (n,), "sh0": (n, 1, 3), "shN": (n, SH_REST, 3)}
+                    "opacity_logits": (n,), "sh0": (n, 1, 3), "shN": (n, held, 3)}
         for name, shape in expected.items():
             got = tuple(getattr(self, name).shape)
             if got != shape:
                 raise ValueError(f"GaussianModel.{name} has shape {got}, expected {shape}")
-        if not 0 <= self.sh_degree <= MAX_SH_DEGREE:
-            raise ValueError(f"sh_degree must be in 0..{MAX_SH_DEGREE}, got {self.sh_degree}")
         self.keys = torch.arange(n, device=self.means.device) if keys is None else keys
         if tuple(self.keys.shape) != (n,) or self.keys.dtype != torch.int64:
             raise ValueError(f"GaussianModel.keys must be int64 of shape ({n},)")
@@ -105,14 +118,14 @@ class GaussianModel:
     @property
     def sh(self) -> Tensor:
         """The coefficients in use, [N, (sh_degree + 1)^2, 3]."""
-        used = (self.sh_degree + 1) ** 2 - 1
-        return torch.cat([self.sh0, self.shN[:, :used]], dim=1)
+        return torch.cat([self.sh0, self.shN[:, :sh_rest(self.sh_degree)]], dim=1)
 
     def non_finite_rows(self) -> Tensor:
         """Indices of the Gaussians with a NaN or infinite parameter."""
         bad = torch.zeros(len(self), dtype=torch.bool, device=self.means.device)
         for tensor in self.parameters().values():
-            bad |= ~torch.isfinite(tensor.detach()).reshape(len(self), -1).all(dim=1)
+            finite = torch.isfinite(tensor.detach()).reshape(len(self), math.prod(tensor.shape[1:]))
+            bad |= ~finite.all(dim=1)
         return bad.nonzero()[:, 0]
 
     def parameters(self) -> dict[str, Tensor]:

@@ -127,8 +127,10 @@ def _records(model: GaussianModel) -> np.ndarray:
     """The model's rows as little-endian float32 records of ``ply_properties()``."""
     n = len(model)
     p = {name: t.detach().cpu().to(torch.float32).numpy() for name, t in model.parameters().items()}
+    shN = np.zeros((n, SH_REST, 3), np.float32)  # every band's, zero where not held
+    shN[:, :p["shN"].shape[1]] = p["shN"]
     columns = [p["means"], np.zeros((n, 3), np.float32), p["sh0"].reshape(n, 3),
-               p["shN"].transpose(0, 2, 1).reshape(n, 3 * SH_REST),
+               shN.transpose(0, 2, 1).reshape(n, 3 * SH_REST),
                p["opacity_logits"][:, None], p["log_scales"], p["quats"]]
     return np.ascontiguousarray(np.concatenate(columns, axis=1), dtype="<f4")
 

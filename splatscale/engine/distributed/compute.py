@@ -25,6 +25,7 @@ every rank of the process group:
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Iterator, Sequence
 
@@ -239,19 +240,21 @@ class ManyRanks:
     def model_parts(self, shard: GaussianModel) -> Iterator[GaussianModel]:
         """Rank 0 yields the shards in rank order, each received when its turn comes."""
         if self.rank != 0:
-            rows = torch.cat([t.reshape(len(shard), -1) for t in shard.parameters().values()], 1)
+            rows = torch.cat([t.reshape(len(shard), math.prod(t.shape[1:]))
+                              for t in shard.parameters().values()], 1)
             collectives.send(torch.tensor([len(shard)]), 0)
             collectives.send(rows.contiguous(), 0)
             return
         yield shard
-        widths = [t[0].numel() for t in shard.parameters().values()]
+        widths = [math.prod(t.shape[1:]) for t in shard.parameters().values()]
         for source in range(1, self.world):
             count = torch.zeros(1, dtype=torch.int64)
             collectives.receive(count, source)
             rows = torch.empty(int(count), sum(widths), dtype=shard.means.dtype)
             collectives.receive(rows, source)
             columns = rows.split(widths, dim=1)
-            yield GaussianModel(**{name: column.reshape(-1, *t.shape[1:]) for (name, t), column
+            yield GaussianModel(**{name: column.reshape(len(rows), *t.shape[1:])
+                                   for (name, t), column
                                    in zip(shard.parameters().items(), columns)},
                                 sh_degree=shard.sh_degree, antialiased=shard.antialiased)
 
