@@ -109,6 +109,7 @@ def staged_step(engine: ComposedEngine, store: ImageStore, index: int, stages: S
 
 def profile(store: ImageStore, model, steps: int, space_order: bool = False) -> dict:
     engine = make_engine(stored(model, space_order), 1, torch.zeros(3))
+    engine.set_sh_degree(model.sh_degree)  # as the Trainer does: the SH bands in use held
     stages = Stages()
     views = list(range(len(store)))
     for step in range(steps + 2):  # two warm-up steps
