@@ -6,12 +6,13 @@ import argparse
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from splatscale import native
 from splatscale.launch import local_ranks
 from splatscale.errors import QUIET_EXIT, interrupt, run_reported
-from splatscale.messages import speaks
+from splatscale.messages import rank, speaks
 from splatscale.threads import usable_cores
 from splatscale.limits import MAX_COUNT, MAX_SEED
 
@@ -44,11 +45,19 @@ MAX_LOCAL_RANKS = usable_cores()
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+# How long a rank that does not speak waits before it exits on a usage error: torchrun's
+# agent stops every rank once one exits, and rank 0, parsing the same command line at
+# about the same time, must have said the error by then.
+SILENT_RANK_GRACE = 5.0  # seconds
+
+
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line, like every other error, with exit status 2. Every
     rank of a group is given the same command line: rank 0 says it for all."""
 
     def error(self, message: str):
+        if rank() not in (None, 0):
+            time.sleep(SILENT_RANK_GRACE)
         self.exit(2, f"splatscale: error: {message} (see --help)\n" if speaks() else None)
 
 
