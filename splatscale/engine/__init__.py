@@ -139,7 +139,8 @@ class Engine(Protocol):
 
     def set_sh_degree(self, degree: int) -> None:
         """Render with SH of ``degree`` from now on; the rows then hold ``shN``'s
-        coefficients up to it (``step/sh_bands.py``)."""
+        coefficients up to it (``step/sh_bands.py``). Collective; pre: between steps
+        (after ``optimizer_step``, before ``forward_backward``)."""
         ...
 
     def render(self, camera: Camera) -> RenderOutput: ...

@@ -157,12 +157,10 @@ class ComposedEngine:
         self.rows.step(learning_rates)
 
     def set_sh_degree(self, degree: int) -> None:
-        rows = self.rows
-        rows.row_set.model.sh_degree = degree
-        if rows.row_set.params["shN"].shape[1] != sh_rest(degree):
-            rows.bring_current()
-            if hold_sh_bands(rows.row_set, degree):
-                rows.rows_edited(replaced=False)
+        # Every rank holds the same bands, so every rank edits here or none does.
+        if self.rows.row_set.params["shN"].shape[1] != sh_rest(degree):
+            self.edit_rows(lambda row_set, total: hold_sh_bands(row_set, degree, total))
+        self.rows.row_set.model.sh_degree = degree
 
     def render(self, camera: Camera) -> RenderOutput:
         self.rows.bring_current()

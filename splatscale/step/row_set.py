@@ -102,7 +102,8 @@ class RowSet:
     def map_values(self, names: Iterable[str], param: Callable[[str, Tensor], Tensor],
                    moment: Callable[[str, Tensor], Tensor]) -> None:
         """Groups ``names``: each parameter ``p`` becomes ``param(name, p)`` (detached)
-        and each of its moments ``m`` becomes ``moment(name, m)``; same rows."""
+        and each of its moments ``m`` becomes ``moment(name, m)``; same rows (a row may
+        change its width, its moments' with it: SH's bands, ``step/sh_bands.py``)."""
         names = list(names)
         with torch.no_grad():
             params = {n: param(n, self.params[n].detach()) for n in names}

@@ -17,20 +17,21 @@ from torch import Tensor
 
 from splatscale.model.gaussians import sh_rest
 from splatscale.step.row_set import MOMENTS, RowSet
+from splatscale.step.selection import Total
 
 
-def hold_sh_bands(row_set: RowSet, degree: int) -> bool:
-    """``row_set``'s ``shN`` and its moments hold the coefficients of ``degree``, and
-    no more where the others and their moments are zero (where any is not, as a model
-    trained or read at a higher degree may have, they stay). Pre: every row is current
-    (``Rows.bring_current``). Whether anything changed (an edit of values)."""
+def hold_sh_bands(row_set: RowSet, degree: int, total: Total) -> None:
+    """``row_set``'s ``shN`` and its moments hold the coefficients of ``degree``, and no
+    more where the others and their moments are zero on every rank (where any is not,
+    as in a model read at a higher degree, they stay). An edit of values
+    (``Engine.edit_rows``'): every rank calls it, with ``total`` its sum over them."""
     wanted, param = sh_rest(degree), row_set.params["shN"].detach()
     held = param.shape[1]
     tensors = [param, *(row_set.moments[kind]["shN"] for kind in MOMENTS)]
-    if held == wanted or (held > wanted and any(bool(t[:, wanted:].any()) for t in tensors)):
-        return False
-    row_set.map_values(["shN"], lambda _, t: _held(t, wanted), lambda _, t: _held(t, wanted))
-    return True
+    if held > wanted and total(int(any(bool(t[:, wanted:].any()) for t in tensors))) > 0:
+        return
+    if held != wanted:
+        row_set.map_values(["shN"], lambda _, t: _held(t, wanted), lambda _, t: _held(t, wanted))
 
 
 def _held(tensor: Tensor, wanted: int) -> Tensor:
