@@ -411,6 +411,7 @@ class Trainer:
         self.engine.load_state_dict(engine_state)
         self.images_seen, self.steps = state["images_seen"], state["steps"]
         self.sh_degree = state["sh_degree"]
+        self.engine.set_sh_degree(self.sh_degree)  # a checkpoint may hold more bands
         self.train_seconds = state["train_seconds"]
         self.order.set_state(state["order"])
         self.queue = list(state["queue"])
