@@ -87,14 +87,16 @@ class GaussianModel:
         if not 0 <= self.sh_degree <= MAX_SH_DEGREE:
             raise ValueError(f"sh_degree must be in 0..{MAX_SH_DEGREE}, got {self.sh_degree}")
         held = shN.shape[1] if shN.dim() == 3 else -1
-        if held not in HELD_REST or held < sh_rest(self.sh_degree):
-            held = SH_REST  # the shape to name below
+        widths = [k for k in HELD_REST if k >= sh_rest(self.sh_degree)]
         expected = {"means": (n, 3), "quats": (n, 4), "log_scales": (n, 3),
-                    "opacity_logits": (n,), "sh0": (n, 1, 3), "shN": (n, held, 3)}
+                    "opacity_logits": (n,), "sh0": (n, 1, 3),
+                    "shN": (n, held if held in widths else SH_REST, 3)}
         for name, shape in expected.items():
             got = tuple(getattr(self, name).shape)
             if got != shape:
-                raise ValueError(f"GaussianModel.{name} has shape {got}, expected {shape}")
+                wanted = (f"({n}, K, 3), K one of {widths} at SH degree {self.sh_degree}"
+                          if name == "shN" else str(shape))
+                raise ValueError(f"GaussianModel.{name} has shape {got}, expected {wanted}")
         self.keys = torch.arange(n, device=self.means.device) if keys is None else keys
         if tuple(self.keys.shape) != (n,) or self.keys.dtype != torch.int64:
             raise ValueError(f"GaussianModel.keys must be int64 of shape ({n},)")

@@ -27,7 +27,7 @@ import torch
 
 from splatscale.atomic import atomic_path
 from splatscale.errors import DataError
-from splatscale.model.gaussians import SH_REST, GaussianModel
+from splatscale.model.gaussians import SH_REST, GaussianModel, sh_rest
 from splatscale.model.ply import existing_file, usable_model
 
 SPZ_VERSION = 3  # gzip container, read by every .spz reader
@@ -55,7 +55,7 @@ def write_spz(model: GaussianModel, path: str | Path) -> None:
     from gsply.spz import write_spz as pack
 
     p = {name: t.detach().cpu().float().numpy() for name, t in model.parameters().items()}
-    rest = (model.sh_degree + 1) ** 2 - 1
+    rest = sh_rest(model.sh_degree)
     data = GSData(means=np.ascontiguousarray(p["means"] * FLIP),
                   scales=p["log_scales"],
                   quats=np.ascontiguousarray(_unit(p["quats"]) * QUAT_FLIP),

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from splatscale.data.cameras import Camera
-from splatscale.model.gaussians import GaussianModel, sigmoid
+from splatscale.model.gaussians import GaussianModel, sh_rest, sigmoid
 from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_EPS,
                                            FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS)
 from splatscale.backends import Backend, backend_for
@@ -245,7 +245,7 @@ def _numpy_or_none(t: Tensor | None):
 def _sh_colors(means: Tensor, sh0: Tensor, shN: Tensor, gaussian_ids: Tensor,
                camera_ids: Tensor, centres: Tensor, degree: int) -> Tensor:
     """Colours of pairs in torch: the reference of ``_ShColors``."""
-    used = (degree + 1) ** 2 - 1
+    used = sh_rest(degree)
     coeffs = torch.cat([sh0.index_select(0, gaussian_ids),
                         shN[:, :used].index_select(0, gaussian_ids)], dim=1)
     view_dirs = None
@@ -260,6 +260,9 @@ class _ShColors(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, means, sh0, shN, gaussian_ids, camera_ids, centres, degree):
+        if shN.shape[1] < sh_rest(degree):  # the kernels read that many, unchecked
+            raise ValueError(f"SH degree {degree} needs {sh_rest(degree)} coefficients of "
+                             f"shN, the model holds {shN.shape[1]}")
         colors = torch.empty(len(gaussian_ids), 3, dtype=means.dtype)
         clamped = torch.empty(len(gaussian_ids), 3, dtype=torch.bool)
         inputs = [t.detach().contiguous() for t in (means, sh0, shN, gaussian_ids, camera_ids,
