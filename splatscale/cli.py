@@ -57,7 +57,10 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         if rank() not in (None, 0):
-            time.sleep(SILENT_RANK_GRACE)
+            try:
+                time.sleep(SILENT_RANK_GRACE)
+            except KeyboardInterrupt:  # stopped meanwhile: the error is rank 0's to say
+                pass
         self.exit(2, f"splatscale: error: {message} (see --help)\n" if speaks() else None)
 
 
