@@ -9,24 +9,24 @@ import pytest
 import torch
 
 from splatscale.engine.factory import make_engine
-from splatscale.render.dense_gradients import reusing, zeros_like
+from splatscale.render.dense_gradients import empty_like, reusing
 from tests.conftest import (TRAIN_RATES, densifying_run, densifying_scene,
                             every_row_backend, state_by_key)
 
 
-def test_zeros_like_takes_a_fitting_spare_zeroed_and_only_one():
+def test_empty_like_takes_a_fitting_spare_as_it_is_and_only_one():
     fitting = torch.full((5, 3), 7.0)
     others = [torch.full((5, 4), 7.0), torch.full((5, 3), 7.0, dtype=torch.float64),
               torch.full((3, 5), 7.0).t()]  # another shape, dtype, layout
     spares = [*others, fitting]
     with reusing(spares):
-        taken = zeros_like(torch.empty(5, 3))
-        fresh = zeros_like(torch.empty(5, 3))
-    assert taken.data_ptr() == fitting.data_ptr() and not taken.any()
+        taken = empty_like(torch.empty(5, 3))
+        fresh = empty_like(torch.empty(5, 3))
+    assert taken.data_ptr() == fitting.data_ptr() and (taken == 7.0).all()
     assert [id(t) for t in spares] == [id(t) for t in others]
     assert fresh.data_ptr() not in [t.data_ptr() for t in [fitting, *others]]
-    assert not fresh.any() and fresh.is_contiguous()
-    assert not zeros_like(torch.empty(5, 3)).any()  # outside: torch's
+    assert fresh.shape == (5, 3) and fresh.is_contiguous()
+    assert empty_like(torch.empty(3, 5).t()).is_contiguous()  # outside: torch's
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

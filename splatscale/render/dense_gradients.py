@@ -2,9 +2,11 @@
 
 A gradient of every Gaussian is a large buffer (SH's at a million Gaussians: 180 MB),
 above glibc's largest mapping threshold (``allocator.py``): a fresh one is mapped
-and faulted in, page by page, on every step. Within ``reusing``, ``zeros_like``
-hands out the buffers the caller gave instead, zeroed in place: the rows that own
-a model give last step's gradients back for the next (``engine/rows.py``).
+and faulted in, page by page, on every step. Within ``reusing``, ``empty_like``
+hands out the buffers the caller gave instead, as they are: the rows that own a
+model give last step's gradients back for the next (``engine/rows.py``). The
+kernels that take them write every value, zero where a Gaussian has no gradient, so
+no pass zeroes them first.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ _spares: ContextVar[list[Tensor] | None] = ContextVar("spares", default=None)
 
 @contextmanager
 def reusing(buffers: list[Tensor]) -> Iterator[None]:
-    """Within: ``zeros_like`` takes its buffers from ``buffers`` where one fits,
+    """Within: ``empty_like`` takes its buffers from ``buffers`` where one fits,
     removing it from the list. Pre: nothing else reads or writes them; a buffer
     taken is its taker's alone (autograd keeps a gradient that only it holds as the
     parameter's, without copying it)."""
@@ -32,13 +34,13 @@ def reusing(buffers: list[Tensor]) -> Iterator[None]:
         _spares.reset(token)
 
 
-def zeros_like(like: Tensor) -> Tensor:
-    """A contiguous ``torch.zeros_like(like)``, in one of ``reusing``'s buffers where
-    one has its shape, dtype and device."""
+def empty_like(like: Tensor) -> Tensor:
+    """A contiguous ``torch.empty_like(like)``, its values unset: one of ``reusing``'s
+    buffers, as it is, where one has its shape, dtype and device."""
     spares = _spares.get()
     if spares is not None:
         for i, spare in enumerate(spares):
             if (spare.shape == like.shape and spare.dtype == like.dtype
                     and spare.device == like.device and spare.is_contiguous()):
-                return spares.pop(i).zero_()
-    return torch.zeros_like(like, memory_format=torch.contiguous_format)
+                return spares.pop(i)
+    return torch.empty_like(like, memory_format=torch.contiguous_format)

@@ -23,7 +23,7 @@ from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_
                                            FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS)
 from splatscale.backends import Backend, backend_for
 from splatscale.render import projection_kernels, sh_kernels
-from splatscale.render.dense_gradients import zeros_like
+from splatscale.render.dense_gradients import empty_like
 from splatscale.render.sh import sh_to_color
 from splatscale.render.splats import (Splats, camera_centres, camera_offsets, camera_tensors,
                                      fisheye_or_none)
@@ -229,7 +229,7 @@ class _EwaPairs(torch.autograd.Function):
                  for g, shape in ((v_means2d, (pairs, 2)), (v_conics, (pairs, 3)),
                                   (v_depths, (pairs,)),
                                   (v_compensations, (pairs if ctx.antialiased else 0,)))]
-        v_means, v_quats, v_log_scales = (zeros_like(t) for t in (means, quats, log_scales))
+        v_means, v_quats, v_log_scales = (empty_like(t) for t in (means, quats, log_scales))
         projection_kernels.project_backward(
             means.numpy(), quats.numpy(), log_scales.numpy(), gaussian_ids.numpy(),
             camera_offsets(camera_ids, len(viewmats)).numpy(), viewmats.numpy(), Ks.numpy(),
@@ -280,8 +280,8 @@ class _ShColors(torch.autograd.Function):
         # neither gradient, and none is returned (empty arrays in their place). Adam
         # then knows shN's gradient is zero without a pass over it (``GaussianAdam``).
         directed = ctx.degree > 0
-        grads = [zeros_like(means) if directed else means.new_empty((0, 3)), zeros_like(sh0),
-                 zeros_like(shN) if directed else shN.new_empty((0, *shN.shape[1:]))]
+        grads = [empty_like(means) if directed else means.new_empty((0, 3)), empty_like(sh0),
+                 empty_like(shN) if directed else shN.new_empty((0, *shN.shape[1:]))]
         sh_kernels.sh_backward(means.numpy(), sh0.numpy(), shN.numpy(), ctx.degree,
                                gaussian_ids.numpy(),
                                camera_offsets(camera_ids, len(centres)).numpy(),

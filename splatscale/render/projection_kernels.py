@@ -449,6 +449,27 @@ def _fisheye_pair_gradient(means, quats, log_scales, g, viewmats, Ks, c, antiali
 
 
 @numba.njit(inline="always")
+def chunk_rows(first, end, camera_end, gaussian_ids, count):  # pragma: no cover - compiled
+    """The rows of a gradient of ``count`` Gaussians that camera 0's chunk of pairs
+    [first, end) writes, its pairs ending at ``camera_end``: from its first pair's
+    Gaussian (0 for the first chunk) to the next chunk's (``count`` for the last).
+    Pre: camera 0's Gaussians ascending; its chunks then share out every row."""
+    rows_lo = 0 if first == 0 else gaussian_ids[first]
+    rows_hi = count if end == camera_end else gaussian_ids[end]
+    return rows_lo, rows_hi
+
+
+@numba.njit(inline="always")
+def _zero_rows(lo, hi, v_means, v_quats, v_log_scales):  # pragma: no cover - compiled
+    for g in range(lo, hi):
+        for k in range(3):
+            v_means[g, k] = 0.0
+            v_log_scales[g, k] = 0.0
+        for k in range(4):
+            v_quats[g, k] = 0.0
+
+
+@numba.njit(inline="always")
 def _add_gradient(g, grad, v_means, v_quats, v_log_scales):  # pragma: no cover - compiled
     v_means[g, 0] += grad[0]
     v_means[g, 1] += grad[1]
@@ -466,16 +487,25 @@ def _add_gradient(g, grad, v_means, v_quats, v_log_scales):  # pragma: no cover 
 # to raise keeps the lane loop off the vector units. A visible pair divides by nothing
 # zero (z is beyond the near plane, the determinant positive, the norm at least 1e-12).
 @numba.njit(nogil=True, cache=True, error_model="numpy")
-def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats, Ks, limits,
-                    fisheye, antialiased, v_means2d, v_conics, v_depths, v_compensations,
-                    v_means, v_quats, v_log_scales):  # pragma: no cover - compiled
-    """Pairs [lo, hi), all of camera c: each one's gradient added to its Gaussian's rows."""
+def _backward_pairs(lo, hi, c, rows_lo, rows_hi, means, quats, log_scales, gaussian_ids,
+                    viewmats, Ks, limits, fisheye, antialiased, v_means2d, v_conics, v_depths,
+                    v_compensations, v_means, v_quats,
+                    v_log_scales):  # pragma: no cover - compiled
+    """Pairs [lo, hi), all of camera c: each one's gradient added to its Gaussian's rows;
+    of camera 0, the rows [rows_lo, rows_hi) zeroed first, each just before its pair's
+    is added."""
+    unset = rows_lo  # camera 0's rows from here on are not zeroed yet
     if fisheye is not None and fisheye[c]:
         for i in range(lo, hi):
             g = gaussian_ids[i]
+            if c == 0:
+                _zero_rows(unset, g + 1, v_means, v_quats, v_log_scales)
+                unset = g + 1
             _add_gradient(g, _fisheye_pair_gradient(
                 means, quats, log_scales, g, viewmats, Ks, c, antialiased, v_means2d, v_conics,
                 v_depths, v_compensations, i), v_means, v_quats, v_log_scales)
+        if c == 0:
+            _zero_rows(unset, rows_hi, v_means, v_quats, v_log_scales)
         return
     lanes = np.empty((LANE_INPUTS, LANES), means.dtype)
     grads = np.empty((10, LANES))
@@ -486,9 +516,15 @@ def _backward_pairs(lo, hi, c, means, quats, log_scales, gaussian_ids, viewmats,
                        v_means2d, v_conics, v_depths, v_compensations, start + j)
         _lane_gradients(np.uint64(count), lanes, viewmats, Ks, limits, c, antialiased, grads)
         for j in range(count):
-            _add_gradient(gaussian_ids[start + j], (
+            g = gaussian_ids[start + j]
+            if c == 0:
+                _zero_rows(unset, g + 1, v_means, v_quats, v_log_scales)
+                unset = g + 1
+            _add_gradient(g, (
                 grads[0, j], grads[1, j], grads[2, j], grads[3, j], grads[4, j], grads[5, j],
                 grads[6, j], grads[7, j], grads[8, j], grads[9, j]), v_means, v_quats, v_log_scales)
+    if c == 0:
+        _zero_rows(unset, rows_hi, v_means, v_quats, v_log_scales)
 
 
 @numba.njit(inline="always")
@@ -563,20 +599,25 @@ def project_backward(means, quats, log_scales, gaussian_ids, camera_offsets, vie
                      sizes, fisheye, antialiased, v_means2d, v_conics, v_depths,
                      v_compensations, v_means, v_quats,
                      v_log_scales):  # pragma: no cover - compiled
-    """v_means[g], v_quats[g], v_log_scales[g] += the gradients of each pair of Gaussian
-    g (three arrays, not views of one: a gradient must be contiguous, or autograd
-    copies it); ``v_compensations`` is read only where ``antialiased``. Camera by
-    camera: a Gaussian has at most one pair per camera, so a camera's pairs run in
-    parallel and each Gaussian's sum follows the camera order whatever the number of
-    threads."""
+    """v_means[g], v_quats[g], v_log_scales[g] (their values unset before): the sum of
+    the gradients of each pair of Gaussian g, zero where it has none (three arrays, not
+    views of one: a gradient must be contiguous, or autograd copies it);
+    ``v_compensations`` is read only where ``antialiased``. Pairs camera by camera,
+    Gaussians ascending within a camera (``visible_pairs``' order), so a camera's pairs
+    run in parallel and each Gaussian's sum follows the camera order whatever the number
+    of threads; camera 0's chunks zero the rows up to the next chunk's first Gaussian
+    (``chunk_rows``)."""
     limits = frustum_limits(Ks, sizes)
     for c in range(camera_offsets.shape[0] - 1):
         lo, hi = camera_offsets[c], camera_offsets[c + 1]
-        for chunk in prange((hi - lo + CHUNK - 1) // CHUNK):
-            _backward_pairs(lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK), c, means,
-                            quats, log_scales, gaussian_ids, viewmats, Ks, limits, fisheye,
-                            antialiased, v_means2d, v_conics, v_depths, v_compensations,
-                            v_means, v_quats, v_log_scales)
+        chunks = (hi - lo + CHUNK - 1) // CHUNK
+        tasks = max(chunks, 1 if c == 0 else 0)  # camera 0 zeroes every row
+        for chunk in prange(tasks):
+            first, end = lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK)
+            rows_lo, rows_hi = chunk_rows(first, end, hi, gaussian_ids, v_means.shape[0])
+            _backward_pairs(first, end, c, rows_lo, rows_hi, means, quats, log_scales,
+                            gaussian_ids, viewmats, Ks, limits, fisheye, antialiased, v_means2d,
+                            v_conics, v_depths, v_compensations, v_means, v_quats, v_log_scales)
 
 
 @numba.njit(inline="always")

@@ -37,7 +37,7 @@ import numpy as np
 from numba import prange
 
 from splatscale.model.gaussians import SH_C0
-from splatscale.render.projection_kernels import CHUNK, LANES
+from splatscale.render.projection_kernels import CHUNK, LANES, chunk_rows
 from splatscale.render.sh import SH_C1, SH_C2, SH_C3
 
 # Sums may be reassociated and multiply-adds fused; nothing assumes finite values.
@@ -294,6 +294,21 @@ def _add_lane_gradient(j, g, used, basis, v, grad, v_means, v_sh0,
 
 
 @numba.njit(inline="always")
+def _zero_rows(lo, hi, used, v_means, v_sh0, v_shN):  # pragma: no cover - compiled
+    """Rows [lo, hi) of the gradients ``sh_backward`` writes set to zero (of v_means and
+    v_shN only where ``used``: at degree 0 they are empty)."""
+    for g in range(lo, hi):
+        for channel in range(3):
+            v_sh0[g, 0, channel] = 0.0
+        if used > 0:
+            for channel in range(3):
+                v_means[g, channel] = 0.0
+            for k in range(v_shN.shape[1]):
+                for channel in range(3):
+                    v_shN[g, k, channel] = 0.0
+
+
+@numba.njit(inline="always")
 def _add_basis_times(j, g, lo, hi, basis, v0, v1, v2, v_shN):  # pragma: no cover - compiled
     """v_shN[g, k] += basis_{k + 1} (v0, v1, v2) for k from lo below hi."""
     for k in range(lo, hi):
@@ -303,12 +318,15 @@ def _add_basis_times(j, g, lo, hi, basis, v0, v1, v2, v_shN):  # pragma: no cove
 
 
 @numba.njit(nogil=True, cache=True, fastmath=FASTMATH, error_model="numpy")
-def _color_gradients_of(lo, hi, c, means, sh0, shN, degree, gaussian_ids, centres, v_colors,
-                        clamped, v_means, v_sh0, v_shN):  # pragma: no cover - compiled
-    """Pairs [lo, hi), all of camera c, ``LANES`` at a time."""
+def _color_gradients_of(lo, hi, c, rows_lo, rows_hi, means, sh0, shN, degree, gaussian_ids,
+                        centres, v_colors, clamped, v_means, v_sh0,
+                        v_shN):  # pragma: no cover - compiled
+    """Pairs [lo, hi), all of camera c, ``LANES`` at a time; of camera 0, the gradients'
+    rows [rows_lo, rows_hi) zeroed first, each just before its pair's is added."""
     lanes = np.empty((LANE_INPUTS, LANES), means.dtype)
     unit, basis, _, v, grad = _work_arrays()
     used = (degree + 1) ** 2 - 1
+    unset = rows_lo  # camera 0's rows from here on are not zeroed yet
     for first in range(lo, hi, LANES):
         count = min(LANES, hi - first)
         for j in range(count):
@@ -319,18 +337,30 @@ def _color_gradients_of(lo, hi, c, means, sh0, shN, degree, gaussian_ids, centre
         if degree > 0:
             _lane_gradients(np.uint64(count), degree, lanes, unit, basis, v, grad)
         for j in range(count):
-            _add_lane_gradient(j, gaussian_ids[first + j], used, basis, v, grad, v_means, v_sh0,
-                               v_shN)
+            g = gaussian_ids[first + j]
+            if c == 0:
+                _zero_rows(unset, g + 1, used, v_means, v_sh0, v_shN)
+                unset = g + 1
+            _add_lane_gradient(j, g, used, basis, v, grad, v_means, v_sh0, v_shN)
+    if c == 0:
+        _zero_rows(unset, rows_hi, used, v_means, v_sh0, v_shN)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
 def sh_backward(means, sh0, shN, degree, gaussian_ids, camera_offsets, centres, v_colors,
                 clamped, v_means, v_sh0, v_shN):  # pragma: no cover - compiled
-    """Adds each pair's gradient to its Gaussian's rows of v_means, v_sh0, v_shN, camera
-    by camera (a Gaussian has at most one pair per camera); ``clamped``: the forward's."""
+    """v_means, v_sh0 and v_shN (their values unset before): each Gaussian's sum of its
+    pairs' gradients, zero where it has none (v_means and v_shN are empty at degree 0).
+    Pairs camera by camera, Gaussians ascending within a camera (``visible_pairs``'
+    order), so a camera's pairs run in parallel and each sum follows the camera order
+    whatever the number of threads; camera 0's chunks zero the rows up to the next
+    chunk's first Gaussian (``chunk_rows``). ``clamped``: the forward's."""
     for c in range(camera_offsets.shape[0] - 1):
         lo, hi = camera_offsets[c], camera_offsets[c + 1]
-        for chunk in prange((hi - lo + CHUNK - 1) // CHUNK):
-            _color_gradients_of(lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK), c, means,
-                                sh0, shN, degree, gaussian_ids, centres, v_colors, clamped,
-                                v_means, v_sh0, v_shN)
+        chunks = (hi - lo + CHUNK - 1) // CHUNK
+        tasks = max(chunks, 1 if c == 0 else 0)  # camera 0 zeroes every row
+        for chunk in prange(tasks):
+            first, end = lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK)
+            rows_lo, rows_hi = chunk_rows(first, end, hi, gaussian_ids, v_sh0.shape[0])
+            _color_gradients_of(first, end, c, rows_lo, rows_hi, means, sh0, shN, degree,
+                                gaussian_ids, centres, v_colors, clamped, v_means, v_sh0, v_shN)
