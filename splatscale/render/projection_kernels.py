@@ -62,6 +62,7 @@ from numba import prange
 
 from splatscale.render.conventions import (ALPHA_MIN, EPS2D, FAR_PLANE, FISHEYE_EPS,
                                            FRUSTUM_CLAMP, NEAR_PLANE, RADIUS_SIGMAS)
+from splatscale.render.exact_exp import exp
 
 CHUNK = 256  # pairs (or Gaussians) per parallel task
 LANES = 64  # pairs whose arithmetic runs at once (``_lane_projections``, ``_lane_gradients``)
@@ -150,7 +151,7 @@ def _jw_rows(viewmats, Ks, limits, c, x, y, z):  # pragma: no cover - compiled
 
 @numba.njit(inline="always")
 def _scales(log_scales, g):  # pragma: no cover - compiled
-    return math.exp(log_scales[g, 0]), math.exp(log_scales[g, 1]), math.exp(log_scales[g, 2])
+    return exp(log_scales[g, 0]), exp(log_scales[g, 1]), exp(log_scales[g, 2])
 
 
 @numba.njit(inline="always")
@@ -293,7 +294,7 @@ def _lane_projections(count, lanes, viewmats, Ks, limits, c, antialiased,
         projected[0, j] = Ks[c, 0, 0] * x / z + Ks[c, 0, 2]
         projected[1, j] = Ks[c, 1, 1] * y / z + Ks[c, 1, 2]
         projected[2, j], projected[3, j], projected[4, j], projected[6, j] = _conic(
-            jw, rot, (lanes[7, j], lanes[8, j], lanes[9, j]), antialiased)
+            jw, rot, _lane_scales(lanes, j), antialiased)
         projected[5, j] = z
 
 
@@ -529,12 +530,19 @@ def _backward_pairs(lo, hi, c, rows_lo, rows_hi, means, quats, log_scales, gauss
 
 @numba.njit(inline="always")
 def _fill_geometry(lanes, j, means, quats, log_scales, g):  # pragma: no cover - compiled
-    """lanes[:GEOMETRY_INPUTS, j]: Gaussian g's mean, quaternion and ``_scales`` (the
-    exponentials taken here: in a lane loop each would be a call, one lane at a time)."""
+    """lanes[:GEOMETRY_INPUTS, j]: Gaussian g's mean, quaternion and log-scales (their
+    exponentials are ``_lane_scales``', taken in the lane loops)."""
     lanes[0, j], lanes[1, j], lanes[2, j] = means[g, 0], means[g, 1], means[g, 2]
     lanes[3, j], lanes[4, j], lanes[5, j] = quats[g, 0], quats[g, 1], quats[g, 2]
     lanes[6, j] = quats[g, 3]
-    lanes[7, j], lanes[8, j], lanes[9, j] = _scales(log_scales, g)
+    lanes[7, j], lanes[8, j], lanes[9, j] = log_scales[g, 0], log_scales[g, 1], log_scales[g, 2]
+
+
+@numba.njit(inline="always")
+def _lane_scales(lanes, j):  # pragma: no cover - compiled
+    """Lane j's scales (``_scales``), from the log-scales ``_fill_geometry`` put there: in
+    float32 on the vector units (``exact_exp``)."""
+    return exp(lanes[7, j]), exp(lanes[8, j]), exp(lanes[9, j])
 
 
 @numba.njit(inline="always")
@@ -564,7 +572,7 @@ def _lane_gradients(count, lanes, viewmats, Ks, limits, c, antialiased,
         qw, qx, qy, qz, norm, rot = _rotation_of(lanes[3, j], lanes[4, j], lanes[5, j],
                                                  lanes[6, j])
         b, v_b, v_jw0, v_jw1, r = _cov2d_gradient(
-            jw, rot, (lanes[7, j], lanes[8, j], lanes[9, j]), antialiased,
+            jw, rot, _lane_scales(lanes, j), antialiased,
             (lanes[12, j], lanes[13, j], lanes[14, j]), lanes[16, j])
         # jw[0] = (fx / z) W_0 - (fx tx / z^2) W_2;  jw[1] likewise with fy, ty, W_1
         v_mx, v_my = lanes[10, j], lanes[11, j]
@@ -761,7 +769,7 @@ def _describe(first, count, sees, means, quats, log_scales, opacity_logits, lane
             continue
         g = first + j
         _fill_geometry(lanes, n, means, quats, log_scales, g)
-        opacity = 1.0 / (1.0 + math.exp(-opacity_logits[g]))
+        opacity = 1.0 / (1.0 + exp(-opacity_logits[g]))
         shape[OPACITY, n] = opacity
         shape[SIGMAS, n] = min(RADIUS_SIGMAS,
                                math.sqrt(2 * math.log(max(opacity, ALPHA_MIN) / ALPHA_MIN)))
@@ -793,7 +801,7 @@ def _lane_shapes(count, lanes, shape, viewmats, Ks, limits, c,
         x, y, z = _camera_point_of(lanes[0, k], lanes[1, k], lanes[2, k], viewmats, c)
         _, _, _, _, _, rot = _rotation_of(lanes[3, k], lanes[4, k], lanes[5, k], lanes[6, k])
         jw, _, _, _, _ = _jw_rows(viewmats, Ks, limits, c, x, y, z)
-        _shape_in_camera(k, shape, jw, rot, (lanes[7, k], lanes[8, k], lanes[9, k]),
+        _shape_in_camera(k, shape, jw, rot, _lane_scales(lanes, k),
                          Ks[c, 0, 0] * x / z + Ks[c, 0, 2], Ks[c, 1, 1] * y / z + Ks[c, 1, 2],
                          antialiased)
 
@@ -804,7 +812,7 @@ def _fisheye_shape(k, lanes, shape, viewmats, Ks, c, antialiased):  # pragma: no
     x, y, z = _camera_point_of(lanes[0, k], lanes[1, k], lanes[2, k], viewmats, c)
     _, _, _, _, _, rot = _rotation_of(lanes[3, k], lanes[4, k], lanes[5, k], lanes[6, k])
     mx, my, jw, _ = _fisheye_jw_rows(viewmats, Ks, c, x, y, z)
-    _shape_in_camera(k, shape, jw, rot, (lanes[7, k], lanes[8, k], lanes[9, k]), mx, my,
+    _shape_in_camera(k, shape, jw, rot, _lane_scales(lanes, k), mx, my,
                      antialiased)
 
 
