@@ -493,20 +493,16 @@ def _backward_pairs(lo, hi, c, rows_lo, rows_hi, means, quats, log_scales, gauss
                     v_compensations, v_means, v_quats,
                     v_log_scales):  # pragma: no cover - compiled
     """Pairs [lo, hi), all of camera c: each one's gradient added to its Gaussian's rows;
-    of camera 0, the rows [rows_lo, rows_hi) zeroed first, each just before its pair's
-    is added."""
-    unset = rows_lo  # camera 0's rows from here on are not zeroed yet
+    of camera 0, the rows [rows_lo, rows_hi) zeroed first (while they are in cache, not
+    in a pass over every row)."""
+    if c == 0:
+        _zero_rows(rows_lo, rows_hi, v_means, v_quats, v_log_scales)
     if fisheye is not None and fisheye[c]:
         for i in range(lo, hi):
             g = gaussian_ids[i]
-            if c == 0:
-                _zero_rows(unset, g + 1, v_means, v_quats, v_log_scales)
-                unset = g + 1
             _add_gradient(g, _fisheye_pair_gradient(
                 means, quats, log_scales, g, viewmats, Ks, c, antialiased, v_means2d, v_conics,
                 v_depths, v_compensations, i), v_means, v_quats, v_log_scales)
-        if c == 0:
-            _zero_rows(unset, rows_hi, v_means, v_quats, v_log_scales)
         return
     lanes = np.empty((LANE_INPUTS, LANES), means.dtype)
     grads = np.empty((10, LANES))
@@ -517,15 +513,9 @@ def _backward_pairs(lo, hi, c, rows_lo, rows_hi, means, quats, log_scales, gauss
                        v_means2d, v_conics, v_depths, v_compensations, start + j)
         _lane_gradients(np.uint64(count), lanes, viewmats, Ks, limits, c, antialiased, grads)
         for j in range(count):
-            g = gaussian_ids[start + j]
-            if c == 0:
-                _zero_rows(unset, g + 1, v_means, v_quats, v_log_scales)
-                unset = g + 1
-            _add_gradient(g, (
+            _add_gradient(gaussian_ids[start + j], (
                 grads[0, j], grads[1, j], grads[2, j], grads[3, j], grads[4, j], grads[5, j],
                 grads[6, j], grads[7, j], grads[8, j], grads[9, j]), v_means, v_quats, v_log_scales)
-    if c == 0:
-        _zero_rows(unset, rows_hi, v_means, v_quats, v_log_scales)
 
 
 @numba.njit(inline="always")

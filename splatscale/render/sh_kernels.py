@@ -322,11 +322,13 @@ def _color_gradients_of(lo, hi, c, rows_lo, rows_hi, means, sh0, shN, degree, ga
                         centres, v_colors, clamped, v_means, v_sh0,
                         v_shN):  # pragma: no cover - compiled
     """Pairs [lo, hi), all of camera c, ``LANES`` at a time; of camera 0, the gradients'
-    rows [rows_lo, rows_hi) zeroed first, each just before its pair's is added."""
+    rows [rows_lo, rows_hi) zeroed first (while they are in cache, not in a pass over
+    every row)."""
     lanes = np.empty((LANE_INPUTS, LANES), means.dtype)
     unit, basis, _, v, grad = _work_arrays()
     used = (degree + 1) ** 2 - 1
-    unset = rows_lo  # camera 0's rows from here on are not zeroed yet
+    if c == 0:
+        _zero_rows(rows_lo, rows_hi, used, v_means, v_sh0, v_shN)
     for first in range(lo, hi, LANES):
         count = min(LANES, hi - first)
         for j in range(count):
@@ -337,13 +339,8 @@ def _color_gradients_of(lo, hi, c, rows_lo, rows_hi, means, sh0, shN, degree, ga
         if degree > 0:
             _lane_gradients(np.uint64(count), degree, lanes, unit, basis, v, grad)
         for j in range(count):
-            g = gaussian_ids[first + j]
-            if c == 0:
-                _zero_rows(unset, g + 1, used, v_means, v_sh0, v_shN)
-                unset = g + 1
-            _add_lane_gradient(j, g, used, basis, v, grad, v_means, v_sh0, v_shN)
-    if c == 0:
-        _zero_rows(unset, rows_hi, used, v_means, v_sh0, v_shN)
+            _add_lane_gradient(j, gaussian_ids[first + j], used, basis, v, grad, v_means, v_sh0,
+                               v_shN)
 
 
 @numba.njit(parallel=True, nogil=True, cache=True)
