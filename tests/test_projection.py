@@ -11,8 +11,8 @@ from splatscale.model.gaussians import GaussianModel
 from splatscale.render import project
 from splatscale.render.sh import sh_to_color
 from splatscale.render.splats import fisheye_or_none
-from tests.conftest import (assert_radii_match, data_path, gsplat_kernel_boxes, orbit_cameras,
-                            pairs_of, random_model)
+from tests.conftest import (assert_radii_match, data_path, gsplat_kernel_boxes, look_at_camera,
+                            orbit_cameras, pairs_of, random_model)
 
 CPU = torch.device("cpu")
 gsplat_torch = pytest.importorskip("gsplat.cuda._torch_impl",
@@ -56,12 +56,16 @@ def test_sh_colors_match_gsplat(garden, degree):
     torch.testing.assert_close(sh_to_color(coeffs, dirs), expected, rtol=1e-10, atol=1e-12)
 
 
-@pytest.fixture(scope="module")
-def wide_scene():
+def _wide() -> tuple[GaussianModel, list[Camera]]:
     """Large Gaussians well outside the views too, so that the frustum clamp holds some
     of the visible pairs."""
     model = random_model(400, seed=9, spread=3.0, log_scale=(-1.5, 0.3))
     return model, orbit_cameras(3, 45, 37, radius=3.0)
+
+
+@pytest.fixture(scope="module")
+def wide_scene():
+    return _wide()
 
 
 def test_projection_kernels_equal_the_torch_projection(wide_scene):
@@ -172,17 +176,37 @@ def test_visible_pairs_are_torchs_nonzero(cameras, share):
         assert np.array_equal(ours, torchs.numpy())
 
 
-@pytest.mark.parametrize("stage", ["EWA", "SH degree 0", "SH degree 1"])
-def test_gradients_in_reused_buffers_are_those_in_fresh_ones(wide_scene, stage):
+def _reuse_scene(name: str):
+    """A model and cameras for the test below: 400 Gaussians (camera 0's pairs one chunk
+    of the kernels), 10,000 (many chunks of pairs, and blocks of rows), or 400 that
+    camera 0, looking away, does not see."""
+    if name == "many Gaussians":
+        return random_model(10_000, seed=3, spread=3.0), orbit_cameras(3, 45, 37, radius=3.0)
+    model, cameras = _wide()
+    if name == "none seen by camera 0":
+        cameras[0] = look_at_camera([0.0, 0.0, 30.0], [0.0, 0.0, 60.0], 45, 37, focal=54.0)
+    return model, cameras
+
+
+@pytest.mark.parametrize("scene", ["400 Gaussians", "many Gaussians", "none seen by camera 0"])
+@pytest.mark.parametrize("stage", ["EWA", "EWA fisheye", "SH degree 0", "SH degree 3"])
+def test_gradients_in_reused_buffers_are_those_in_fresh_ones(scene, stage):
     """The backward passes write their gradients into last step's buffers (``reusing``),
-    whatever those hold: rows that camera 0 does not see come out zero, and the others
-    as in fresh buffers."""
+    whatever those hold: rows that no camera sees come out zero, and the others as in
+    fresh buffers."""
     from splatscale.render.dense_gradients import reusing
     from splatscale.render.projection import _EwaPairs, _ShColors
-    model, cameras = wide_scene
+    model, cameras = _reuse_scene(scene)
+    if stage == "EWA fisheye":
+        cameras = [Camera(c.viewmat, c.K, c.width, c.height, c.name, "fisheye")
+                   for c in cameras]
     gaussian_ids, camera_ids, viewmats, Ks, sizes = pairs_of(model, cameras)
-    assert len(set(gaussian_ids[camera_ids == 0].tolist())) < len(model), "some unseen by 0"
-    ewa = stage == "EWA"
+    seen_by_0 = len(set(gaussian_ids[camera_ids == 0].tolist()))
+    assert seen_by_0 < len(model), "some unseen by camera 0"
+    assert (seen_by_0 == 0) == (scene == "none seen by camera 0")
+    if scene == "many Gaussians":
+        assert seen_by_0 > 4 * 256, "camera 0's pairs in several chunks"
+    ewa = stage.startswith("EWA")
     inputs = (model.means, model.quats, model.log_scales) if ewa else (model.means, model.sh0,
                                                                          model.shN)
     leaves = [t.detach().clone().requires_grad_(True) for t in inputs]
@@ -200,9 +224,13 @@ def test_gradients_in_reused_buffers_are_those_in_fresh_ones(wide_scene, stage):
     fresh = gradients()
     with reusing([torch.full_like(t, torch.nan) for t in leaves]):
         reused = gradients()
+    unseen = torch.ones(len(model), dtype=torch.bool)
+    unseen[gaussian_ids] = False
+    assert unseen.any()
     for a, b in zip(fresh, reused):
         assert (a is None) == (b is None)
         assert a is None or (torch.equal(a, b) and not a.isnan().any())
+        assert a is None or not a[unseen].any()
 
 
 def test_sh_kernels_pass_gradcheck(wide_scene):
