@@ -10,6 +10,9 @@ for operation with the same fused multiply-adds, so a kernel returns the same bi
 either way (``tests/test_exact_exp.py`` compares every float32). Where the C library
 computes otherwise (another libc, or a core without FMA) it is still that algorithm:
 error below 0.502 ulp. float64 takes ``math.exp``.
+
+numba's cache checks only the source file of a cached kernel: after an edit here, a
+kernel that calls ``exp`` is compiled afresh only once its cache is cleared.
 """
 
 from __future__ import annotations

@@ -201,7 +201,9 @@ def _ewa_pairs(means: Tensor, quats: Tensor, log_scales: Tensor, viewmats: Tenso
 class _EwaPairs(torch.autograd.Function):
     """``_ewa_pairs`` of the pairs (gaussian_ids, camera_ids), by numba kernels: one
     pass over the pairs each way, only the inputs saved. ``fisheye``: the cameras with
-    the equidistant projection, as ``fisheye_or_none``."""
+    the equidistant projection, as ``fisheye_or_none``. Pre: at least one camera, and
+    the pairs camera by camera, Gaussians ascending within a camera (``visible_pairs``'
+    order): the backward writes its gradients, unset before, by that order."""
 
     @staticmethod
     def forward(ctx, means, quats, log_scales, gaussian_ids, camera_ids, viewmats, Ks, sizes,
@@ -256,7 +258,7 @@ def _sh_colors(means: Tensor, sh0: Tensor, shN: Tensor, gaussian_ids: Tensor,
 
 class _ShColors(torch.autograd.Function):
     """``_sh_colors`` by numba kernels: one pass over the pairs each way, the inputs and
-    where the clamp at 0 held each colour saved."""
+    where the clamp at 0 held each colour saved. Pre: as ``_EwaPairs``'."""
 
     @staticmethod
     def forward(ctx, means, sh0, shN, gaussian_ids, camera_ids, centres, degree):

@@ -41,15 +41,16 @@ a call that it does not inline, and cannot inline these bodies into a parallel
 loop (its array analysis fails on their tuples).
 
 The pairs of pinhole cameras run on the vector units, forward and backward, exactly:
-``LANES`` pairs at a time, their inputs gathered first into one array a value (with
-the exponentials, which a vector loop would call lane by lane), then the arithmetic
-over the lanes (``_lane_projections``, ``_lane_gradients``), each lane doing the very
-operations of the scalar code, in its precisions, so the results are the scalar
-code's to the bit; then the results written out, the backward's summed into the
-Gaussians' rows in pair order. A fisheye camera's pairs run one at a time.
+``LANES`` pairs at a time, their inputs gathered first into one array a value, then
+the arithmetic over the lanes (``_lane_projections``, ``_lane_gradients``), each lane
+doing the very operations of the scalar code, in its precisions, so the results are
+the scalar code's to the bit; then the results written out, the backward's summed
+into the Gaussians' rows in pair order. The scales' exponentials are taken in the lane
+loops (``_lane_scales``: in float32, ``exact_exp``'s, the C library's bits without a
+call). A fisheye camera's pairs run one at a time.
 The visibility test runs on the vector units the same way, ``LANES`` Gaussians at a
-time: the pinhole bound of each, then the box of those some camera may see, with
-the exponentials and logarithms taken lane by lane before or between the loops.
+time: the pinhole bound of each, then the box of those some camera may see, the
+opacity's exponential and logarithm taken lane by lane between the loops.
 """
 
 from __future__ import annotations
@@ -454,7 +455,9 @@ def chunk_rows(first, end, camera_end, gaussian_ids, count):  # pragma: no cover
     """The rows of a gradient of ``count`` Gaussians that camera 0's chunk of pairs
     [first, end) writes, its pairs ending at ``camera_end``: from its first pair's
     Gaussian (0 for the first chunk) to the next chunk's (``count`` for the last).
-    Pre: camera 0's Gaussians ascending; its chunks then share out every row."""
+    Pre: camera 0's Gaussians ascending; its chunks then share out every row. Rows
+    camera 0 does not see fall to the chunk before them: where it sees one corner of a
+    model in space's order, one chunk zeroes the rest alone."""
     rows_lo = 0 if first == 0 else gaussian_ids[first]
     rows_hi = count if end == camera_end else gaussian_ids[end]
     return rows_lo, rows_hi
@@ -462,6 +465,7 @@ def chunk_rows(first, end, camera_end, gaussian_ids, count):  # pragma: no cover
 
 @numba.njit(inline="always")
 def _zero_rows(lo, hi, v_means, v_quats, v_log_scales):  # pragma: no cover - compiled
+    """Rows [lo, hi) of the gradients ``project_backward`` writes set to zero."""
     for g in range(lo, hi):
         for k in range(3):
             v_means[g, k] = 0.0
@@ -531,7 +535,8 @@ def _fill_geometry(lanes, j, means, quats, log_scales, g):  # pragma: no cover -
 @numba.njit(inline="always")
 def _lane_scales(lanes, j):  # pragma: no cover - compiled
     """Lane j's scales (``_scales``), from the log-scales ``_fill_geometry`` put there: in
-    float32 on the vector units (``exact_exp``)."""
+    float32 on the vector units (``exact_exp``); in float64 (the tests' type) a call
+    of ``math.exp`` a lane."""
     return exp(lanes[7, j]), exp(lanes[8, j]), exp(lanes[9, j])
 
 
