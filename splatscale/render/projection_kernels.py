@@ -451,16 +451,24 @@ def _fisheye_pair_gradient(means, quats, log_scales, g, viewmats, Ks, c, antiali
 
 
 @numba.njit(inline="always")
-def chunk_rows(first, end, camera_end, gaussian_ids, count):  # pragma: no cover - compiled
-    """The rows of a gradient of ``count`` Gaussians that camera 0's chunk of pairs
-    [first, end) writes, its pairs ending at ``camera_end``: from its first pair's
-    Gaussian (0 for the first chunk) to the next chunk's (``count`` for the last).
-    Pre: camera 0's Gaussians ascending; its chunks then share out every row. Rows
-    camera 0 does not see fall to the chunk before them: where it sees one corner of a
-    model in space's order, one chunk zeroes the rest alone."""
+def pair_chunks(lo, hi, c):  # pragma: no cover - compiled
+    """How many chunks of ``CHUNK`` pairs camera c's pairs [lo, hi) make: at least one
+    for camera 0, whose chunks zero every row (``chunk_of``)."""
+    return max((hi - lo + CHUNK - 1) // CHUNK, 1 if c == 0 else 0)
+
+
+@numba.njit(inline="always")
+def chunk_of(chunk, lo, hi, gaussian_ids, count):  # pragma: no cover - compiled
+    """Chunk ``chunk`` of a camera's pairs [lo, hi): its pairs [first, end), and, of
+    camera 0 (lo 0), the rows of a gradient of ``count`` Gaussians it writes, from its
+    first pair's Gaussian (0 for the first chunk) to the next chunk's (``count`` for
+    the last). Pre: camera 0's Gaussians ascending; its chunks then share out every
+    row. Rows camera 0 does not see fall to the chunk before them: where it sees one
+    corner of a model in space's order, one chunk zeroes the rest alone."""
+    first, end = lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK)
     rows_lo = 0 if first == 0 else gaussian_ids[first]
-    rows_hi = count if end == camera_end else gaussian_ids[end]
-    return rows_lo, rows_hi
+    rows_hi = count if end == hi else gaussian_ids[end]
+    return first, end, rows_lo, rows_hi
 
 
 @numba.njit(inline="always")
@@ -497,8 +505,8 @@ def _backward_pairs(lo, hi, c, rows_lo, rows_hi, means, quats, log_scales, gauss
                     v_compensations, v_means, v_quats,
                     v_log_scales):  # pragma: no cover - compiled
     """Pairs [lo, hi), all of camera c: each one's gradient added to its Gaussian's rows;
-    of camera 0, the rows [rows_lo, rows_hi) zeroed first (while they are in cache, not
-    in a pass over every row)."""
+    of camera 0, the rows [rows_lo, rows_hi) zeroed first (its share of them, not a
+    pass over every row)."""
     if c == 0:
         _zero_rows(rows_lo, rows_hi, v_means, v_quats, v_log_scales)
     if fisheye is not None and fisheye[c]:
@@ -609,15 +617,14 @@ def project_backward(means, quats, log_scales, gaussian_ids, camera_offsets, vie
     Gaussians ascending within a camera (``visible_pairs``' order), so a camera's pairs
     run in parallel and each Gaussian's sum follows the camera order whatever the number
     of threads; camera 0's chunks zero the rows up to the next chunk's first Gaussian
-    (``chunk_rows``)."""
+    (``chunk_of``)."""
     limits = frustum_limits(Ks, sizes)
     for c in range(camera_offsets.shape[0] - 1):
         lo, hi = camera_offsets[c], camera_offsets[c + 1]
-        chunks = (hi - lo + CHUNK - 1) // CHUNK
-        tasks = max(chunks, 1 if c == 0 else 0)  # camera 0 zeroes every row
+        tasks = pair_chunks(lo, hi, c)
         for chunk in prange(tasks):
-            first, end = lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK)
-            rows_lo, rows_hi = chunk_rows(first, end, hi, gaussian_ids, v_means.shape[0])
+            first, end, rows_lo, rows_hi = chunk_of(chunk, lo, hi, gaussian_ids,
+                                                    v_means.shape[0])
             _backward_pairs(first, end, c, rows_lo, rows_hi, means, quats, log_scales,
                             gaussian_ids, viewmats, Ks, limits, fisheye, antialiased, v_means2d,
                             v_conics, v_depths, v_compensations, v_means, v_quats, v_log_scales)

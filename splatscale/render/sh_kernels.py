@@ -37,7 +37,7 @@ import numpy as np
 from numba import prange
 
 from splatscale.model.gaussians import SH_C0
-from splatscale.render.projection_kernels import CHUNK, LANES, chunk_rows
+from splatscale.render.projection_kernels import CHUNK, LANES, chunk_of, pair_chunks
 from splatscale.render.sh import SH_C1, SH_C2, SH_C3
 
 # Sums may be reassociated and multiply-adds fused; nothing assumes finite values.
@@ -322,8 +322,8 @@ def _color_gradients_of(lo, hi, c, rows_lo, rows_hi, means, sh0, shN, degree, ga
                         centres, v_colors, clamped, v_means, v_sh0,
                         v_shN):  # pragma: no cover - compiled
     """Pairs [lo, hi), all of camera c, ``LANES`` at a time; of camera 0, the gradients'
-    rows [rows_lo, rows_hi) zeroed first (while they are in cache, not in a pass over
-    every row)."""
+    rows [rows_lo, rows_hi) zeroed first (its share of them, not a pass over every
+    row)."""
     lanes = np.empty((LANE_INPUTS, LANES), means.dtype)
     unit, basis, _, v, grad = _work_arrays()
     used = (degree + 1) ** 2 - 1
@@ -351,13 +351,12 @@ def sh_backward(means, sh0, shN, degree, gaussian_ids, camera_offsets, centres, 
     Pairs camera by camera, Gaussians ascending within a camera (``visible_pairs``'
     order), so a camera's pairs run in parallel and each sum follows the camera order
     whatever the number of threads; camera 0's chunks zero the rows up to the next
-    chunk's first Gaussian (``chunk_rows``). ``clamped``: the forward's."""
+    chunk's first Gaussian (``chunk_of``). ``clamped``: the forward's."""
     for c in range(camera_offsets.shape[0] - 1):
         lo, hi = camera_offsets[c], camera_offsets[c + 1]
-        chunks = (hi - lo + CHUNK - 1) // CHUNK
-        tasks = max(chunks, 1 if c == 0 else 0)  # camera 0 zeroes every row
+        tasks = pair_chunks(lo, hi, c)
         for chunk in prange(tasks):
-            first, end = lo + chunk * CHUNK, min(hi, lo + (chunk + 1) * CHUNK)
-            rows_lo, rows_hi = chunk_rows(first, end, hi, gaussian_ids, v_sh0.shape[0])
+            first, end, rows_lo, rows_hi = chunk_of(chunk, lo, hi, gaussian_ids,
+                                                    v_sh0.shape[0])
             _color_gradients_of(first, end, c, rows_lo, rows_hi, means, sh0, shN, degree,
                                 gaussian_ids, centres, v_colors, clamped, v_means, v_sh0, v_shN)
