@@ -42,8 +42,8 @@ from splatscale.model.ply import read_extras, write_ply, write_splat
 from splatscale.model.spz import write_spz
 from splatscale.backends import cuda as cuda_backend
 from splatscale.render import render as render_view
-from splatscale.backends.cpu_compile import (VARIANTS, compile_variants, compiling,
-                                             kernels_cached, missing_variants)
+from splatscale.backends.cpu_compile import (VARIANTS, compiling, kernels_cached,
+                                             missing_variants)
 from splatscale.strategy import check_settings
 from splatscale.train.checkpoint import load_trainer_state
 from splatscale.train.config import TrainConfig
@@ -366,19 +366,18 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
         # The compile begins as the run prepares, one per machine (its first rank's), and
         # ends before the folder changes, so that stopping it leaves the folder be. Every
         # rank waits for its machine's, then loads the kernels from the cache.
-        compiles = cold and (ranks is None or ranks.local_rank == 0)
-        finish_compile = resources.enter_context(compiling()) if compiles else None
+        first = ranks is None or ranks.local_rank == 0
+        first_compile = resources.enter_context(compiling(None if cold and first else []))
         with held():
             trainer, record, watcher = group.agreed(prepare, ranks)
         if cold:
             notice("compiling the CPU kernels (once: later runs reuse them)")
-        failed = group.agreed(finish_compile or list, ranks)
+        failed = group.agreed_when_done(first_compile, ranks)
         if args.device == "cpu":
             # What only some runs call apart, by each machine's first rank, now that the
             # kernels it shares with the others are cached.
-            first = ranks is None or ranks.local_rank == 0
-            failed += group.agreed(partial(_compiled_variants, trainer) if first else list,
-                                   ranks)
+            with compiling(_missing_variants(trainer) if first else []) as variants:
+                failed += group.agreed_when_done(variants, ranks)
         if failed:
             notice(f"the compile of {', '.join(failed)} failed apart: this run compiles "
                    "it itself, and may round otherwise than later runs")
@@ -392,17 +391,16 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
         print(json.dumps(report))
 
 
-def _compiled_variants(trainer: Trainer) -> list[str]:
-    """The kernels ``trainer``'s settings and cameras want beyond a default run's,
-    compiled where the cache lacks them (``compile_variants``)."""
+def _missing_variants(trainer: Trainer) -> list[str]:
+    """The kernels ``trainer``'s settings and cameras want beyond a default run's that
+    the cache lacks (``VARIANTS``), said as they begin to compile."""
     missing = missing_variants(
         absgrad=trainer.strategy.absgrad,
         fisheye=any(view.camera.model == "fisheye" for view in trainer.scene.views))
-    if not missing:
-        return []
-    whose = " and ".join(VARIANTS[name].whose for name in missing)
-    notice(f"compiling {whose} CPU kernels (once: later runs reuse them)")
-    return compile_variants(missing)
+    if missing:
+        whose = " and ".join(VARIANTS[name].whose for name in missing)
+        notice(f"compiling {whose} CPU kernels (once: later runs reuse them)")
+    return missing
 
 
 def _prepared(args: Namespace, ranks: group.Membership | None, where: Placement | None,

@@ -85,29 +85,36 @@ def _version_cached(kernel, fisheye: bool) -> bool:
                for signature in signatures)
 
 
+class Compile:
+    """A compile under way in a helper process (none: nothing to compile, or the helper
+    could not start). Called, it awaits the helper and returns the parts that could
+    not start or failed, which the run then compiles itself."""
+
+    def __init__(self, helper: subprocess.Popen | None, wanted: list[str]) -> None:
+        self.helper, self.wanted = helper, wanted
+
+    def done(self) -> bool:
+        """Whether a call would return at once."""
+        return self.helper is None or self.helper.poll() is not None
+
+    def __call__(self) -> list[str]:
+        if self.helper is None:
+            return self.wanted
+        said, _ = self.helper.communicate()
+        return said.split() if self.helper.returncode == 0 else self.wanted
+
+
 @contextmanager
-def compiling(parts: Iterable[str] | None = None) -> Iterator[Callable[[], list[str]]]:
+def compiling(parts: Iterable[str] | None = None) -> Iterator[Compile]:
     """A first run's compile, begun: ``parts`` (of ``CHILD_PARTS``; None: the three of
     ``PARTS``) compiling in child processes while the block runs (a run prepares
-    meanwhile). The block calls what it is given before its first step: it awaits
-    the children and returns the parts that could not start or failed, which the run
-    then compiles itself; the block ending early (refused, interrupted) ends the
-    children with it."""
+    meanwhile). The block calls what it is given before its first step; the block
+    ending early (refused, interrupted) ends the children with it."""
     wanted = list(PARTS if parts is None else parts)
-    if not wanted:
-        yield list
-        return
     helper = None
     try:
-        helper = _started(wanted)
-
-        def finish() -> list[str]:
-            if helper is None:
-                return wanted
-            said, _ = helper.communicate()
-            return said.split() if helper.returncode == 0 else wanted
-
-        yield finish
+        helper = _started(wanted) if wanted else None
+        yield Compile(helper, wanted)
     finally:
         if helper is not None:
             if helper.poll() is None:  # the helper leads a session of its own: all of it

@@ -17,7 +17,7 @@ import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, NoReturn, TypeVar
+from typing import Callable, NoReturn, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,9 @@ from splatscale.threads import usable_cores
 
 TIMEOUT = timedelta(seconds=60)  # of one collective: a rank that stops answering
 JOIN_TIMEOUT = 120.0             # seconds for every rank to arrive, by default
+POLL = 0.5                       # seconds between the ranks' checks of work under way
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
 
 
 class JoinError(SplatscaleError):
@@ -254,6 +256,31 @@ def agreed(call: Callable[[], T], ranks: Membership | None) -> T:
     if failed.any():
         raise _failure_to_raise(failed.bool().tolist(), failure, ranks.rank)
     return result
+
+
+class Work(Protocol[T_co]):
+    """Work under way in the background (a compile): whether it has ended, and,
+    called, its result once it has."""
+
+    def done(self) -> bool: ...
+
+    def __call__(self) -> T_co: ...
+
+
+def agreed_when_done(work: Work[T], ranks: Membership | None) -> T:
+    """``agreed(work, ranks)`` for work that may outlast a collective's timeout on
+    some ranks (one machine's compile): the ranks first ask each other every ``POLL``
+    seconds whether it has ended on all of them, so that while they wait a rank
+    that dies still stops the others within the timeout."""
+    if ranks is not None:
+        ended = torch.zeros(1, dtype=torch.int64)
+        while True:
+            ended[0] = work.done()
+            collectives.all_reduce(ended, dist.ReduceOp.MIN)
+            if ended.item():
+                break
+            time.sleep(POLL)
+    return agreed(work, ranks)
 
 
 def _failure_to_raise(failed: list[bool], failure: BaseException | None,
