@@ -15,16 +15,17 @@ def compiled_for(trainer) -> None:
     """Every kernel ``trainer``'s steps call is in the cache when this returns, but
     those whose compile failed apart (said on stderr: the run compiles them itself)."""
     try:
-        from splatscale.backends.cpu_compile import (compile_variants, compiling,
-                                                     kernels_cached, missing_variants)
+        from splatscale.backends.cpu_compile import (compiling, kernels_cached,
+                                                     missing_variants)
     except ImportError:  # a splatscale from before (``--baseline``): its steps compile
         return
     failed: list[str] = []
     if not kernels_cached():
-        with compiling() as finish:
-            failed = finish()
+        with compiling() as first_compile:
+            failed = first_compile()
     fisheye = any(view.camera.model == "fisheye" for view in trainer.scene.views)
-    failed += compile_variants(missing_variants(trainer.strategy.absgrad, fisheye))
+    with compiling(missing_variants(trainer.strategy.absgrad, fisheye)) as variants:
+        failed += variants()
     if failed:
         print(f"bench: the compile of {', '.join(failed)} failed apart: the run compiles "
               "it, and may round otherwise than later runs", file=sys.stderr)

@@ -367,7 +367,8 @@ def _train(args: Namespace, ranks: group.Membership | None, holds_lock: bool = F
         # ends before the folder changes, so that stopping it leaves the folder be. Every
         # rank waits for its machine's, then loads the kernels from the cache.
         first = ranks is None or ranks.local_rank == 0
-        first_compile = resources.enter_context(compiling(None if cold and first else []))
+        first_compile = resources.enter_context(compiling() if cold and first
+                                                else compiling([]))
         with held():
             trainer, record, watcher = group.agreed(prepare, ranks)
         if cold:

@@ -145,8 +145,8 @@ kernels.forward(np.zeros((0, kernels.PACKED_WIDTH), f32), np.zeros(3, f32),
                 np.zeros((*image, 3), f32), np.zeros(image, f32), np.zeros(image, f32),
                 np.zeros(image, np.int32), np.zeros(0, np.uint8))
 print(cpu_compile.kernels_cached((kernels.forward,)))
-with cpu_compile.compiling() as finish:
-    print(finish())
+with cpu_compile.compiling() as first_compile:
+    print(first_compile())
 print(cpu_compile.kernels_cached())
 """
 
@@ -164,14 +164,17 @@ def test_a_cold_cache_is_filled_by_every_process(tmp_path):
 
 
 def test_a_part_whose_process_fails_is_said():
-    """A part whose process fails apart is among those ``finish`` returns (a run then
-    compiles them itself); no part, no process."""
+    """A part whose process fails apart is among those the compile returns (a run
+    then compiles them itself), once its helper is done; no part, no process, done
+    at once."""
     from splatscale.backends.cpu_compile import compiling
 
-    with compiling(["unknown"]) as finish:
-        assert finish() == ["unknown"]
-    with compiling([]) as finish:
-        assert finish() == []
+    with compiling(["unknown"]) as compile_:
+        assert compile_() == ["unknown"]
+        assert compile_.done()
+    with compiling([]) as compile_:
+        assert compile_.done()
+        assert compile_() == []
 
 
 def test_parts_started_afresh_where_the_helper_does_not_fork():
@@ -200,13 +203,13 @@ def children(pid):
             pass
     return found
 
-with compiling(["loss"]) as finish:
+with compiling(["loss"]) as loss:
     helper, = children(os.getpid())
     while not children(helper):  # the helper has imported and forked its part
         time.sleep(0.05)
     part, = children(helper)
     os.kill(helper, signal.SIGKILL)
-    print(finish())
+    print(loss())
 while os.path.exists(f"/proc/{part}") and open(f"/proc/{part}/stat").read().split()[2] != "Z":
     time.sleep(0.05)
 print("part ended")
@@ -216,7 +219,7 @@ print("part ended")
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forks on Linux alone")
 def test_a_helper_killed_takes_its_parts_with_it(tmp_path):
     """The helper killed outright (as by the kernel, out of memory): its forked part
-    ends with it, before it compiles SSIM, and ``finish`` says that part failed (the
+    ends with it, before it compiles SSIM, and the compile says that part failed (the
     run compiles it itself)."""
     done = subprocess.run([sys.executable, "-c", HELPER_KILLED], capture_output=True,
                           text=True, env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)},

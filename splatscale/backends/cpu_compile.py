@@ -14,7 +14,7 @@ cores: the operating system shares the cores among them, so the last ends near
 half the whole, where two halves of unequal size wait on the larger. What only
 some runs call is a part of its own (``VARIANTS``: AbsGS's compositing backward,
 the projection's fisheye code), compiled once a run's settings say they want it
-(``compile_variants``).
+(``missing_variants``, then ``compiling`` them).
 
 The run itself compiles none of them: it loads every kernel from the cache, as
 every later run does. A kernel compiled with numba's fast-math flags rounds
@@ -86,9 +86,10 @@ def _version_cached(kernel, fisheye: bool) -> bool:
 
 
 class Compile:
-    """A compile under way in a helper process (none: nothing to compile, or the helper
-    could not start). Called, it awaits the helper and returns the parts that could
-    not start or failed, which the run then compiles itself."""
+    """A compile under way in ``helper`` (None: nothing to compile, or it could not
+    start). Called, it awaits the helper and returns the parts that could not start
+    or failed, which the run then compiles itself. Once ``done``, it stays done and
+    a call returns at once."""
 
     def __init__(self, helper: subprocess.Popen | None, wanted: list[str]) -> None:
         self.helper, self.wanted = helper, wanted
@@ -99,17 +100,17 @@ class Compile:
 
     def __call__(self) -> list[str]:
         if self.helper is None:
-            return self.wanted
+            return list(self.wanted)
         said, _ = self.helper.communicate()
-        return said.split() if self.helper.returncode == 0 else self.wanted
+        return said.split() if self.helper.returncode == 0 else list(self.wanted)
 
 
 @contextmanager
 def compiling(parts: Iterable[str] | None = None) -> Iterator[Compile]:
     """A first run's compile, begun: ``parts`` (of ``CHILD_PARTS``; None: the three of
     ``PARTS``) compiling in child processes while the block runs (a run prepares
-    meanwhile). The block calls what it is given before its first step; the block
-    ending early (refused, interrupted) ends the children with it."""
+    meanwhile). The block is given a ``Compile``, which it calls before its first
+    step; the block ending early (refused, interrupted) ends the children with it."""
     wanted = list(PARTS if parts is None else parts)
     helper = None
     try:
@@ -126,14 +127,6 @@ def missing_variants(absgrad: bool, fisheye: bool) -> list[str]:
     """The ``VARIANTS`` a run wants (AbsGS's, fisheye cameras') that the cache lacks."""
     wanted = {"absgrad": absgrad, "fisheye": fisheye}
     return [name for name, variant in VARIANTS.items() if wanted[name] and not variant.cached()]
-
-
-def compile_variants(names: list[str]) -> list[str]:
-    """``VARIANTS`` ``names`` compiled in child processes; pre: the other kernels are
-    cached (``compiling`` ended). Those whose child could not start or failed (the run
-    then compiles them itself)."""
-    with compiling(names) as finish:
-        return finish()
 
 
 def _started(parts: list[str]) -> subprocess.Popen | None:

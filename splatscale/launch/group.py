@@ -259,8 +259,8 @@ def agreed(call: Callable[[], T], ranks: Membership | None) -> T:
 
 
 class Work(Protocol[T_co]):
-    """Work under way in the background (a compile): whether it has ended, and,
-    called, its result once it has."""
+    """Work under way in the background (a compile): whether it has ended (once it
+    has, it stays so), and, called, its result (at once, once it has ended)."""
 
     def done(self) -> bool: ...
 
@@ -271,15 +271,16 @@ def agreed_when_done(work: Work[T], ranks: Membership | None) -> T:
     """``agreed(work, ranks)`` for work that may outlast a collective's timeout on
     some ranks (one machine's compile): the ranks first ask each other every ``POLL``
     seconds whether it has ended on all of them, so that while they wait a rank
-    that dies still stops the others within the timeout."""
+    that dies still stops the others within the timeout. Work that never ends is
+    waited for as long; a stop signal meanwhile stops this rank, and the others
+    stop as having lost it."""
     if ranks is not None:
-        ended = torch.zeros(1, dtype=torch.int64)
-        while True:
-            ended[0] = work.done()
-            collectives.all_reduce(ended, dist.ReduceOp.MIN)
-            if ended.item():
-                break
-            time.sleep(POLL)
+        busy = torch.ones(1, dtype=torch.int64)
+        while busy.item():
+            busy[0] = not work.done()
+            collectives.all_reduce(busy, collectives.MAX)
+            if busy.item():
+                time.sleep(POLL)
     return agreed(work, ranks)
 
 
