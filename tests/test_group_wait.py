@@ -10,6 +10,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import torch.multiprocessing as mp
 
 from splatscale.errors import lost_peer
@@ -77,6 +78,7 @@ def test_ranks_wait_for_work_longer_than_a_collective_timeout(tmp_path):
     assert outcomes(tmp_path, "agreed_when_done") == {0: {"result": [0]}, 1: {"result": [1]}}
 
 
+@pytest.mark.slow
 def test_a_plain_agreement_would_have_given_up(tmp_path):
     """The premise of the waiting: without it the waiting rank's collective times out."""
     assert outcomes(tmp_path, "agreed")[1] == {"lost_peer": True, "waited_for_its_work": True}
