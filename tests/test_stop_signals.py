@@ -29,6 +29,7 @@ import torch
 
 import splatscale
 from splatscale.launch import local_ranks
+from splatscale.errors import QUIET_EXIT, SplatscaleError
 from splatscale.folder_lock import LOCK_NAME
 from splatscale.model.ply import write_ply
 from splatscale.native import TAKE_SIGNALS_OVER, load_keeping_stop_signals
@@ -204,6 +205,23 @@ def test_a_launch_whose_ranks_all_finished_has_finished():
     and no line; where one stopped, that rank said so, and the launch is a stop."""
     assert local_ranks._outcome([(1, 0), (0, 0)], 2, signalled=True) == 0
     assert local_ranks._outcome([(1, 0), (0, 130)], 2, signalled=True) == 130
+
+
+def test_a_rank_the_launcher_stops_is_not_named_as_the_cause(monkeypatch):
+    """A rank that lost its peer stopped quietly; the launcher kills the one that did
+    not stop within its grace (here waiting on, say, a compile): the launch says
+    the ranks lost contact, not that the killed rank was killed."""
+    monkeypatch.setattr(local_ranks, "STOP_GRACE", 0.5)
+    launch = local_ranks._Launch()
+    try:
+        launch.ranks = [subprocess.Popen([sys.executable, "-c", code]) for code in
+                        ("import time; time.sleep(3600)", f"raise SystemExit({QUIET_EXIT})")]
+        exits = local_ranks._wait(launch)
+    finally:
+        launch.close()
+    assert exits == [(1, QUIET_EXIT), (0, QUIET_EXIT)]
+    with pytest.raises(SplatscaleError, match="lost contact"):
+        local_ranks._outcome(exits, 2, signalled=False)
 
 
 @pytest.mark.parametrize("stop", STOPS, ids=lambda s: s.name)

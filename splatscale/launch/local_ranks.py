@@ -98,23 +98,26 @@ def spawn(argv: list[str], nproc: int) -> int:
 def _wait(launch: _Launch) -> list[tuple[int, int]]:
     """(rank, exit code) in the order the ranks ended. Once one fails, the others get
     ``STOP_GRACE`` seconds to stop by themselves (their collectives fail), then are
-    killed: a rank without its peers can do nothing more. After a stop signal every
+    killed: a rank without its peers can do nothing more; it ends as having stopped
+    quietly (``QUIET_EXIT``), since it is not the cause. After a stop signal every
     rank was told, and each stops by itself however long its checkpoint takes."""
     processes = launch.ranks
     exits: list[tuple[int, int]] = []
+    killed: set[int] = set()
     deadline = None
     while len(exits) < len(processes):
         time.sleep(0.1)
         for rank, process in enumerate(processes):
             code = process.poll()
             if code is not None and rank not in {r for r, _ in exits}:
-                exits.append((rank, code))
+                exits.append((rank, QUIET_EXIT if rank in killed else code))
                 if code != 0 and deadline is None and not launch.signalled:
                     deadline = time.monotonic() + STOP_GRACE
         if deadline is not None and time.monotonic() > deadline:
-            for process in processes:
+            for rank, process in enumerate(processes):
                 if process.poll() is None:
                     process.kill()
+                    killed.add(rank)
     return exits
 
 
