@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -16,6 +15,7 @@ import torch.multiprocessing as mp
 from splatscale.errors import lost_peer
 from splatscale.launch import group
 from tests.conftest import HANG_GUARD
+from tests.test_stop_signals import free_port
 
 # Seconds. Long enough that a busy machine answers each collective within it; the
 # slow work outlasts it.
@@ -36,12 +36,6 @@ class Work:
         self.called = True
         time.sleep(max(0.0, self.end - time.monotonic()))
         return self.result
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def rank_waits(rank: int, world: int, port: int, wait: str, out: str) -> None:
@@ -66,7 +60,7 @@ def rank_waits(rank: int, world: int, port: int, wait: str, out: str) -> None:
 
 def outcomes(tmp_path: Path, wait: str) -> dict[int, dict]:
     """Each rank's outcome; every rank ends by itself (none is stopped for another)."""
-    context = mp.start_processes(rank_waits, args=(2, _free_port(), wait, str(tmp_path)),
+    context = mp.start_processes(rank_waits, args=(2, free_port(), wait, str(tmp_path)),
                                  nprocs=2, join=False, start_method="spawn")
     for process in context.processes:
         process.join(HANG_GUARD)
