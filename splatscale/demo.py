@@ -15,7 +15,8 @@ import numpy as np
 import torch
 
 from splatscale.data.cameras import Camera
-from splatscale.data.images import write_png, default_cache_dir
+from splatscale.cache_home import default_cache_dir
+from splatscale.data.images import write_png
 from splatscale.data.scene import Scene, View
 from splatscale.model.gaussians import SH_C0, SH_REST, GaussianModel
 from splatscale.render import render

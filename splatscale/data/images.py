@@ -15,17 +15,13 @@ from tqdm import tqdm
 
 from splatscale.atomic import atomic_path
 from splatscale.backends import backend_for
+from splatscale.cache_home import default_cache_dir
 from splatscale.data.cameras import Camera
 from splatscale.data.image_memory import ImageMemory
 from splatscale.data.masks import MaskSource, premultiplied, settled
 from splatscale.data.scene import Scene, View
 from splatscale.data.undistort import undistort_image
 from splatscale.errors import DataError
-
-
-def default_cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "splatscale"
 
 
 # Pillow's single-channel modes wider than 8 bits, and the full scale of each.

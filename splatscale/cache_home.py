@@ -1,0 +1,14 @@
+"""The folder where splatscale keeps what it can make again (downscaled images, the demo
+scene, compiled kernels)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+
+def default_cache_dir(environment: Mapping[str, str] = os.environ) -> Path:
+    """``~/.cache/splatscale``, or under XDG_CACHE_HOME where it is set."""
+    base = environment.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "splatscale"
