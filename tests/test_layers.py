@@ -12,7 +12,7 @@ import splatscale
 # splatscale module; each device's backend (backends/cpu.py, ...) sits above what it assembles.
 LAYERS = [
     {"errors", "atomic", "messages", "allocator", "threads", "folder_lock", "native",
-     "limits", "parent_death", "vector_width", "backends"},
+     "limits", "parent_death", "vector_width", "cache_home", "kernel_cache", "backends"},
     {"data"},
     {"model"},
     {"render"},

@@ -294,7 +294,8 @@ def compiling_with_cache(cache) -> list[int]:
             environ = (proc / "environ").read_bytes().split(b"\0")
         except OSError:  # not a process, or one that has ended
             continue
-        if f"NUMBA_CACHE_DIR={cache}".encode() in environ:
+        # splatscale's processes cache in a folder of its own inside (``kernel_cache``)
+        if any(entry.startswith(f"NUMBA_CACHE_DIR={cache}".encode()) for entry in environ):
             found.append(int(proc.name))
     return found
 

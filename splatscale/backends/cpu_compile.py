@@ -42,6 +42,7 @@ from numba import types
 
 from splatscale.backends.cpu import BACKEND
 from splatscale.data.cameras import Camera
+from splatscale.kernel_cache import remove_stale_folders
 from splatscale.model.gaussians import SH_REST, GaussianModel
 from splatscale.parent_death import die_with_parent
 from splatscale.render import compositing_kernels, projection_kernels, sh_kernels
@@ -114,6 +115,8 @@ def compiling(parts: Iterable[str] | None = None) -> Iterator[Compile]:
     wanted = list(PARTS if parts is None else parts)
     helper = None
     try:
+        if wanted:
+            remove_stale_folders()  # other sources' kernels, unused for weeks
         helper = _started(wanted) if wanted else None
         yield Compile(helper, wanted)
     finally:

@@ -1,0 +1,146 @@
+"""Where numba keeps splatscale's compiled kernels: a folder for each version of the
+kernels' sources, so that no run loads a kernel compiled from other code.
+
+numba checks a cached kernel against its own file's time stamp and size alone, so a
+kernel that calls a helper or reads a constant from another module is loaded as it
+was compiled after that module changed (numba's issue #1833): after an update that
+edits ``render/conventions.py`` alone, binning would run on the old constants. The
+folder is named for a hash of the modules that hold kernels and of every splatscale
+module they import, transitively (``kernel_sources``); other edits keep it.
+
+It lies under the user's NUMBA_CACHE_DIR where they set one, else under
+``~/.cache/splatscale/kernels`` (XDG_CACHE_HOME's). numba reads its cache folder when
+a kernel is decorated, so this runs when splatscale is imported. The folder travels
+in NUMBA_CACHE_DIR to the processes splatscale starts (ranks, the compile helper);
+``CHOSEN`` beside it marks it as splatscale's and ``ROOT`` keeps where it was made, so
+that a process of other sources (a benchmark's older checkout) names its own folder
+there. Folders no process has opened for ``STALE_DAYS`` are removed when a run
+compiles (``remove_stale_folders``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Mapping
+
+from splatscale.cache_home import default_cache_dir
+
+CHOSEN = "SPLATSCALE_NUMBA_CACHE_DIR"  # the NUMBA_CACHE_DIR splatscale chose
+ROOT = "SPLATSCALE_NUMBA_CACHE_ROOT"  # the folder it chose it in
+PREFIX = "splatscale-"
+STALE_DAYS = 30
+PACKAGE = Path(__file__).resolve().parent
+# A decorator that makes numba compile a function, or compile one into others.
+NUMBA_DECORATOR = re.compile(
+    r"^\s*@(?:\w+\.)*(?:njit|jit|vectorize|guvectorize|stencil|cfunc|overload"
+    r"|overload_method|overload_attribute|register_jitable|intrinsic)\b", re.M)
+IMPORT = re.compile(r"^\s*import\s+([\w., ]+)", re.M)
+IMPORT_FROM = re.compile(r"^\s*from\s+([\w.]+)\s+import\s+(\([^)]*\)|[^\n]*)", re.M)
+
+
+def key_kernel_cache() -> None:
+    """Point numba's cache at the folder of these sources (``folder_for``) for every
+    kernel decorated from now on."""
+    folder = folder_for(os.environ, sources_key(PACKAGE))
+    os.environ["NUMBA_CACHE_DIR"] = os.environ[CHOSEN] = str(folder)
+    os.environ[ROOT] = str(folder.parent)
+    config = sys.modules.get("numba.core.config")
+    if config is not None:  # numba was imported first: its configuration is read already
+        # numba makes its options module globals at run time, so its types lack them
+        setattr(config, "CACHE_DIR", str(folder))
+    try:
+        os.utime(folder)  # opened now: not stale (``remove_stale_folders``)
+    except OSError:  # not made yet, or not ours to touch
+        pass
+
+
+def folder_for(environment: Mapping[str, str], key: str) -> Path:
+    """The cache folder of sources ``key`` under the root ``environment`` names: the
+    user's NUMBA_CACHE_DIR, the root a splatscale parent chose in, or the default."""
+    given = environment.get("NUMBA_CACHE_DIR")
+    if given is not None and given != environment.get(CHOSEN):
+        root = Path(given)
+    elif given is not None and environment.get(ROOT):
+        root = Path(environment[ROOT])
+    else:
+        root = default_cache_dir(environment) / "kernels"
+    return root.absolute() / f"{PREFIX}{key}"
+
+
+def sources_key(package: Path) -> str:
+    """A hash of ``kernel_sources(package)``: their paths within it and their bytes."""
+    digest = hashlib.sha256()
+    for path in kernel_sources(package):
+        digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def kernel_sources(package: Path) -> list[Path]:
+    """The modules of ``package`` that hold numba code, and the modules of it they import,
+    transitively; sorted. (Read as text: a superset where a docstring reads like code.)"""
+    texts = {path: path.read_text(encoding="utf-8") for path in package.rglob("*.py")}
+    found: set[Path] = set()
+    to_read = [path for path, text in texts.items() if NUMBA_DECORATOR.search(text)]
+    while to_read:
+        path = to_read.pop()
+        if path not in found:
+            found.add(path)
+            to_read.extend(_imported_modules(texts[path], package))
+    return sorted(found)
+
+
+def _imported_modules(text: str, package: Path) -> list[Path]:
+    """The files of ``package`` that ``text`` imports: modules, and the names imported
+    from a package that are modules of it."""
+    dotted = [name for names in IMPORT.findall(text) for name in _names(names)]
+    for module, names in IMPORT_FROM.findall(text):
+        dotted.append(module)
+        dotted.extend(f"{module}.{name}" for name in _names(names))
+    files = (_module_file(module, package) for module in dotted)
+    return [path for path in files if path is not None]
+
+
+def _names(listed: str) -> list[str]:
+    """The names of an import's list (``a, b as c``, perhaps in parentheses)."""
+    names = (part.split(" as ")[0].strip(" ()\n\t") for part in listed.split(","))
+    return [name for name in names if name]
+
+
+def _module_file(module: str, package: Path) -> Path | None:
+    parts = module.split(".")
+    if parts[0] != package.name:
+        return None
+    base = package.joinpath(*parts[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def remove_stale_folders(now: float | None = None) -> None:
+    """Remove the other sources' folders beside this one that no process has opened for
+    ``STALE_DAYS`` (a cache folder is only a cache: a run that wants one compiles it)."""
+    chosen = os.environ.get(CHOSEN)
+    if chosen is None or os.environ.get("NUMBA_CACHE_DIR") != chosen:
+        return
+    here = Path(chosen)
+    oldest = (time.time() if now is None else now) - STALE_DAYS * 86400
+    try:
+        siblings = [path for path in here.parent.iterdir()
+                    if path.name.startswith(PREFIX) and path != here]
+    except OSError:
+        return
+    for path in siblings:
+        try:
+            stale = path.is_dir() and path.stat().st_mtime < oldest
+        except OSError:
+            continue
+        if stale:
+            shutil.rmtree(path, ignore_errors=True)
