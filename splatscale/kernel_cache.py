@@ -1,21 +1,23 @@
 """Where numba keeps splatscale's compiled kernels: a folder for each version of the
 kernels' sources, so that no run loads a kernel compiled from other code.
 
-numba checks a cached kernel against its own file's time stamp and size alone, so a
-kernel that calls a helper or reads a constant from another module is loaded as it
-was compiled after that module changed (numba's issue #1833): after an update that
+numba checks a cached kernel only against its own source file's time stamp and size,
+so a kernel that calls a helper or reads a constant from another module is loaded as
+it was compiled after that module changed (numba's issue #1833): after an update that
 edits ``render/conventions.py`` alone, binning would run on the old constants. The
 folder is named for a hash of the modules that hold kernels and of every splatscale
-module they import, transitively (``kernel_sources``); other edits keep it.
+module they import, transitively (``kernel_sources``); an edit elsewhere keeps it.
 
 It lies under the user's NUMBA_CACHE_DIR where they set one, else under
 ``~/.cache/splatscale/kernels`` (XDG_CACHE_HOME's). numba reads its cache folder when
-a kernel is decorated, so this runs when splatscale is imported. The folder travels
-in NUMBA_CACHE_DIR to the processes splatscale starts (ranks, the compile helper);
-``CHOSEN`` beside it marks it as splatscale's and ``ROOT`` keeps where it was made, so
-that a process of other sources (a benchmark's older checkout) names its own folder
-there. Folders no process has opened for ``STALE_DAYS`` are removed when a run
-compiles (``remove_stale_folders``).
+a kernel is decorated, so this runs when splatscale is imported, and numba kernels
+decorated after it in the same process (a user's own) cache there too. The folder
+travels in NUMBA_CACHE_DIR to the processes splatscale starts (ranks, the compile
+helper); ``CHOSEN`` beside it marks it as splatscale's and ``ROOT`` keeps the user's
+own NUMBA_CACHE_DIR (empty: none), so that a process of other sources (a benchmark's
+older checkout) or on another host names its own folder. Where no folder can be made,
+numba caches where it would have. Folders of other sources that no run has compiled
+into or imported for ``STALE_DAYS`` are removed when a run compiles.
 """
 
 from __future__ import annotations
@@ -32,45 +34,55 @@ from typing import Mapping
 from splatscale.cache_home import default_cache_dir
 
 CHOSEN = "SPLATSCALE_NUMBA_CACHE_DIR"  # the NUMBA_CACHE_DIR splatscale chose
-ROOT = "SPLATSCALE_NUMBA_CACHE_ROOT"  # the folder it chose it in
+ROOT = "SPLATSCALE_NUMBA_CACHE_ROOT"  # the user's own NUMBA_CACHE_DIR ("": none)
 PREFIX = "splatscale-"
+FOLDER_NAME = re.compile(re.escape(PREFIX) + "[0-9a-f]{16}")  # ``sources_key``'s
 STALE_DAYS = 30
 PACKAGE = Path(__file__).resolve().parent
-# A decorator that makes numba compile a function, or compile one into others.
+# The sources are read as text, not parsed: parsing them took ten times as long, at
+# every import. tests/test_kernel_cache.py checks these against Python's parser on
+# every module of the package (a relative import, say, would be missed here).
 NUMBA_DECORATOR = re.compile(
     r"^\s*@(?:\w+\.)*(?:njit|jit|vectorize|guvectorize|stencil|cfunc|overload"
     r"|overload_method|overload_attribute|register_jitable|intrinsic)\b", re.M)
 IMPORT = re.compile(r"^\s*import\s+([\w., ]+)", re.M)
 IMPORT_FROM = re.compile(r"^\s*from\s+([\w.]+)\s+import\s+(\([^)]*\)|[^\n]*)", re.M)
+COMMENT = re.compile(r"#[^\n]*")
 
 
 def key_kernel_cache() -> None:
-    """Point numba's cache at the folder of these sources (``folder_for``) for every
-    kernel decorated from now on."""
-    folder = folder_for(os.environ, sources_key(PACKAGE))
+    """Point numba's cache at the folder of these sources (``folder_for``), made, for
+    every kernel decorated from now on; where it cannot be made, leave numba's own."""
+    try:
+        folder = folder_for(os.environ, sources_key(PACKAGE))
+        folder.mkdir(parents=True, exist_ok=True)
+        os.utime(folder)  # in use: not stale (``remove_stale_folders``)
+    except (OSError, RuntimeError, UnicodeDecodeError):  # RuntimeError: no home folder
+        return
+    user_root = os.environ.get(ROOT, "") if _chosen(os.environ) else os.environ.get(
+        "NUMBA_CACHE_DIR", "")
     os.environ["NUMBA_CACHE_DIR"] = os.environ[CHOSEN] = str(folder)
-    os.environ[ROOT] = str(folder.parent)
+    os.environ[ROOT] = user_root
     config = sys.modules.get("numba.core.config")
     if config is not None:  # numba was imported first: its configuration is read already
         # numba makes its options module globals at run time, so its types lack them
         setattr(config, "CACHE_DIR", str(folder))
-    try:
-        os.utime(folder)  # opened now: not stale (``remove_stale_folders``)
-    except OSError:  # not made yet, or not ours to touch
-        pass
 
 
 def folder_for(environment: Mapping[str, str], key: str) -> Path:
-    """The cache folder of sources ``key`` under the root ``environment`` names: the
-    user's NUMBA_CACHE_DIR, the root a splatscale parent chose in, or the default."""
-    given = environment.get("NUMBA_CACHE_DIR")
-    if given is not None and given != environment.get(CHOSEN):
-        root = Path(given)
-    elif given is not None and environment.get(ROOT):
-        root = Path(environment[ROOT])
-    else:
-        root = default_cache_dir(environment) / "kernels"
+    """The cache folder of sources ``key``: under the user's NUMBA_CACHE_DIR (as given
+    to this process, or to the splatscale process that started it), else under the
+    default."""
+    given = environment.get(ROOT, "") if _chosen(environment) else environment.get(
+        "NUMBA_CACHE_DIR", "")
+    root = Path(given) if given else default_cache_dir(environment) / "kernels"
     return root.absolute() / f"{PREFIX}{key}"
+
+
+def _chosen(environment: Mapping[str, str]) -> bool:
+    """Whether NUMBA_CACHE_DIR in ``environment`` is a splatscale process' choice."""
+    given = environment.get("NUMBA_CACHE_DIR")
+    return bool(given) and given == environment.get(CHOSEN)
 
 
 def sources_key(package: Path) -> str:
@@ -84,21 +96,22 @@ def sources_key(package: Path) -> str:
 
 def kernel_sources(package: Path) -> list[Path]:
     """The modules of ``package`` that hold numba code, and the modules of it they import,
-    transitively; sorted. (Read as text: a superset where a docstring reads like code.)"""
-    texts = {path: path.read_text(encoding="utf-8") for path in package.rglob("*.py")}
+    transitively; sorted. Hidden files (an editor's lock, say) are not modules."""
+    texts = {path: path.read_text(encoding="utf-8") for path in package.rglob("[!.]*.py")}
     found: set[Path] = set()
     to_read = [path for path, text in texts.items() if NUMBA_DECORATOR.search(text)]
     while to_read:
         path = to_read.pop()
         if path not in found:
             found.add(path)
-            to_read.extend(_imported_modules(texts[path], package))
+            to_read.extend(imported_modules(texts[path], package))
     return sorted(found)
 
 
-def _imported_modules(text: str, package: Path) -> list[Path]:
-    """The files of ``package`` that ``text`` imports: modules, and the names imported
-    from a package that are modules of it."""
+def imported_modules(text: str, package: Path) -> list[Path]:
+    """The files of ``package`` that source ``text`` imports: modules, and the names
+    imported from a package that are modules of it."""
+    text = COMMENT.sub("", text)
     dotted = [name for names in IMPORT.findall(text) for name in _names(names)]
     for module, names in IMPORT_FROM.findall(text):
         dotted.append(module)
@@ -109,11 +122,13 @@ def _imported_modules(text: str, package: Path) -> list[Path]:
 
 def _names(listed: str) -> list[str]:
     """The names of an import's list (``a, b as c``, perhaps in parentheses)."""
-    names = (part.split(" as ")[0].strip(" ()\n\t") for part in listed.split(","))
+    names = (part.split(" as ")[0].strip(" ()\\\n\t") for part in listed.split(","))
     return [name for name in names if name]
 
 
 def _module_file(module: str, package: Path) -> Path | None:
+    """The file of dotted ``module`` in ``package`` (a module or a package's
+    ``__init__.py``), or None where it is not one of it."""
     parts = module.split(".")
     if parts[0] != package.name:
         return None
@@ -124,17 +139,18 @@ def _module_file(module: str, package: Path) -> Path | None:
     return None
 
 
-def remove_stale_folders(now: float | None = None) -> None:
-    """Remove the other sources' folders beside this one that no process has opened for
-    ``STALE_DAYS`` (a cache folder is only a cache: a run that wants one compiles it)."""
-    chosen = os.environ.get(CHOSEN)
-    if chosen is None or os.environ.get("NUMBA_CACHE_DIR") != chosen:
+def remove_stale_folders() -> None:
+    """Mark this process' folder in use, and remove the other sources' folders beside
+    it that no run has marked for ``STALE_DAYS`` (only a cache: a run that wants one
+    compiles it). Nothing where numba's cache folder is not splatscale's choice."""
+    if not _chosen(os.environ):
         return
-    here = Path(chosen)
-    oldest = (time.time() if now is None else now) - STALE_DAYS * 86400
+    here = Path(os.environ["NUMBA_CACHE_DIR"])
+    oldest = time.time() - STALE_DAYS * 86400
     try:
+        os.utime(here)
         siblings = [path for path in here.parent.iterdir()
-                    if path.name.startswith(PREFIX) and path != here]
+                    if FOLDER_NAME.fullmatch(path.name) and path != here]
     except OSError:
         return
     for path in siblings:

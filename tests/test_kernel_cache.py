@@ -3,6 +3,8 @@ so that a kernel compiled before a module it imports changed is never loaded."""
 
 from __future__ import annotations
 
+import ast
+import importlib
 import os
 import shutil
 import subprocess
@@ -12,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from numba.core.registry import CPUDispatcher
+
 from splatscale import kernel_cache
 from splatscale.kernel_cache import (CHOSEN, PREFIX, ROOT, STALE_DAYS, folder_for,
-                                     kernel_sources, remove_stale_folders, sources_key)
+                                     imported_modules, kernel_sources, remove_stale_folders,
+                                     sources_key)
 
 PACKAGE = kernel_cache.PACKAGE
 HANG_GUARD = 600
@@ -54,14 +59,56 @@ def test_a_change_elsewhere_keeps_the_key(package_copy):
 
 def test_the_folder_lies_under_the_users_numba_cache_dir_or_the_default(tmp_path):
     assert folder_for({"NUMBA_CACHE_DIR": str(tmp_path)}, "k") == tmp_path / f"{PREFIX}k"
-    default = folder_for({"XDG_CACHE_HOME": str(tmp_path)}, "k")
-    assert default == tmp_path / "splatscale" / "kernels" / f"{PREFIX}k"
+    default = tmp_path / "splatscale" / "kernels" / f"{PREFIX}k"
+    assert folder_for({"XDG_CACHE_HOME": str(tmp_path)}, "k") == default
+    # numba reads an empty NUMBA_CACHE_DIR as none
+    assert folder_for({"XDG_CACHE_HOME": str(tmp_path), "NUMBA_CACHE_DIR": ""}, "k") == default
 
 
 def test_a_process_of_other_sources_names_its_own_folder_where_its_parent_chose(tmp_path):
-    parents = tmp_path / f"{PREFIX}parent"
-    inherited = {"NUMBA_CACHE_DIR": str(parents), CHOSEN: str(parents), ROOT: str(tmp_path)}
+    parents = str(tmp_path / f"{PREFIX}parent")
+    inherited = {"NUMBA_CACHE_DIR": parents, CHOSEN: parents, ROOT: str(tmp_path)}
     assert folder_for(inherited, "child") == tmp_path / f"{PREFIX}child"
+    # the parent's default, resolved against this process' own home
+    inherited = {"NUMBA_CACHE_DIR": parents, CHOSEN: parents, ROOT: "",
+                 "XDG_CACHE_HOME": str(tmp_path / "here")}
+    assert folder_for(inherited, "child") == (
+        tmp_path / "here" / "splatscale" / "kernels" / f"{PREFIX}child")
+
+
+def test_the_imports_read_as_text_are_those_python_parses():
+    """``kernel_sources`` reads imports with patterns, not Python's parser (which took
+    ten times as long at every import): for every module of the package, the same."""
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parsed = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                dotted = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{path}: a relative import"
+                dotted = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            parsed.update(kernel_cache._module_file(name, PACKAGE) for name in dotted)
+        parsed.discard(None)
+        assert set(imported_modules(path.read_text(), PACKAGE)) == parsed, path
+
+
+def test_every_kernel_is_in_a_module_the_key_reads():
+    importlib.import_module("splatscale.backends.cpu_compile")  # every kernel module
+    sources = {str(path) for path in kernel_sources(PACKAGE)}
+    kernels = [value for name, module in list(sys.modules.items())
+               if name.startswith("splatscale.") for value in vars(module).values()
+               if isinstance(value, CPUDispatcher)]
+    assert len(kernels) > 20
+    for kernel in kernels:
+        assert kernel.py_func.__code__.co_filename in sources, kernel
+
+
+def test_an_editors_lock_file_in_the_package_is_no_module(package_copy):
+    before = sources_key(package_copy)
+    (package_copy / "render" / ".#binning.py").symlink_to("nowhere@1234")
+    assert sources_key(package_copy) == before
 
 
 def printed_by(command: str, environment: dict[str, str], cwd: Path | None = None) -> str:
@@ -76,6 +123,7 @@ def test_splatscale_and_the_processes_it_starts_cache_in_one_folder(tmp_path):
     ours = tmp_path / f"{PREFIX}{sources_key(PACKAGE)}"
     show = "import os, splatscale; print(os.environ['NUMBA_CACHE_DIR'])"
     assert printed_by(show, environment) == str(ours)
+    assert ours.is_dir()
     child = ("import os, subprocess, sys, splatscale; subprocess.run([sys.executable, '-c', "
              f"{show!r}], check=True)")
     assert printed_by(child, environment) == str(ours)
@@ -84,28 +132,42 @@ def test_splatscale_and_the_processes_it_starts_cache_in_one_folder(tmp_path):
     assert printed_by(first, environment) == str(ours)
 
 
-def test_folders_unused_for_weeks_are_removed_when_a_run_compiles(tmp_path, monkeypatch):
-    here, recent, old = (tmp_path / f"{PREFIX}{name}" for name in ("here", "recent", "old"))
-    others = tmp_path / "someone-elses"
-    for folder in (here, recent, old, others):
-        folder.mkdir()
+def test_where_no_folder_can_be_made_numba_caches_where_it_would_have(tmp_path):
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    environment = {**os.environ, "NUMBA_CACHE_DIR": str(not_a_folder)}
+    environment.pop(CHOSEN, None)
+    show = "import os, splatscale; print(os.environ['NUMBA_CACHE_DIR'])"
+    assert printed_by(show, environment) == str(not_a_folder)
+
+
+def stale(*folders: Path) -> None:
     weeks_ago = time.time() - (STALE_DAYS + 1) * 86400
-    for folder in (here, old, others):
+    for folder in folders:
         os.utime(folder, (weeks_ago, weeks_ago))
+
+
+def test_folders_unused_for_weeks_are_removed_when_a_run_compiles(tmp_path, monkeypatch):
+    here, recent, old = (tmp_path / f"{PREFIX}{digit * 16}" for digit in "012")
+    others = [tmp_path / "someone-elses", tmp_path / f"{PREFIX}site"]
+    for folder in (here, recent, old, *others):
+        folder.mkdir()
+    stale(here, old, *others)
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(here))
     monkeypatch.setenv(CHOSEN, str(here))
     remove_stale_folders()
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
-        [here.name, recent.name, others.name])
+        [here.name, recent.name, *(folder.name for folder in others)])
+    assert here.stat().st_mtime > time.time() - 86400  # marked in use
 
 
-def test_a_users_own_numba_cache_dir_is_not_pruned(tmp_path, monkeypatch):
-    old = tmp_path / f"{PREFIX}old"
+def test_nothing_is_pruned_where_numba_caches_elsewhere_than_splatscale_chose(tmp_path,
+                                                                          monkeypatch):
+    old = tmp_path / f"{PREFIX}{'0' * 16}"
     old.mkdir()
-    weeks_ago = time.time() - (STALE_DAYS + 1) * 86400
-    os.utime(old, (weeks_ago, weeks_ago))
+    stale(old)
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "theirs"))
-    monkeypatch.delenv(CHOSEN, raising=False)
+    monkeypatch.setenv(CHOSEN, str(tmp_path / f"{PREFIX}{'1' * 16}"))
     remove_stale_folders()
     assert old.exists()
 

@@ -295,7 +295,8 @@ def compiling_with_cache(cache) -> list[int]:
         except OSError:  # not a process, or one that has ended
             continue
         # splatscale's processes cache in a folder of its own inside (``kernel_cache``)
-        if any(entry.startswith(f"NUMBA_CACHE_DIR={cache}".encode()) for entry in environ):
+        given = f"NUMBA_CACHE_DIR={cache}".encode()
+        if any(entry == given or entry.startswith(given + b"/") for entry in environ):
             found.append(int(proc.name))
     return found
 

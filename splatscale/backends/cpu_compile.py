@@ -115,9 +115,9 @@ def compiling(parts: Iterable[str] | None = None) -> Iterator[Compile]:
     wanted = list(PARTS if parts is None else parts)
     helper = None
     try:
+        helper = _started(wanted) if wanted else None
         if wanted:
             remove_stale_folders()  # other sources' kernels, unused for weeks
-        helper = _started(wanted) if wanted else None
         yield Compile(helper, wanted)
     finally:
         if helper is not None:
