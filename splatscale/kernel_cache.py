@@ -26,12 +26,12 @@ import hashlib
 import os
 import re
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Mapping
 
 from splatscale.cache_home import default_cache_dir
+from splatscale.numba_config import set_read_option
 
 CHOSEN = "SPLATSCALE_NUMBA_CACHE_DIR"  # the NUMBA_CACHE_DIR splatscale chose
 ROOT = "SPLATSCALE_NUMBA_CACHE_ROOT"  # the user's own NUMBA_CACHE_DIR ("": none)
@@ -63,10 +63,7 @@ def key_kernel_cache() -> None:
         "NUMBA_CACHE_DIR", "")
     os.environ["NUMBA_CACHE_DIR"] = os.environ[CHOSEN] = str(folder)
     os.environ[ROOT] = user_root
-    config = sys.modules.get("numba.core.config")
-    if config is not None:  # numba was imported first: its configuration is read already
-        # numba makes its options module globals at run time, so its types lack them
-        setattr(config, "CACHE_DIR", str(folder))
+    set_read_option("CACHE_DIR", str(folder))
 
 
 def folder_for(environment: Mapping[str, str], key: str) -> Path:

@@ -11,7 +11,8 @@ where neither loads. A layer the user names in numba's own variables wins.
 from __future__ import annotations
 
 import os
-import sys
+
+from splatscale.numba_config import set_read_option
 
 PRIORITY = ("omp", "workqueue", "tbb")
 
@@ -21,10 +22,7 @@ def choose_threading_layer() -> None:
     if "NUMBA_THREADING_LAYER" in os.environ or "NUMBA_THREADING_LAYER_PRIORITY" in os.environ:
         return
     os.environ["NUMBA_THREADING_LAYER_PRIORITY"] = " ".join(PRIORITY)
-    config = sys.modules.get("numba.core.config")
-    if config is not None:  # numba was imported first: its configuration is read already
-        # numba makes its options module globals at run time, so its types lack them
-        setattr(config, "THREADING_LAYER_PRIORITY", list(PRIORITY))
+    set_read_option("THREADING_LAYER_PRIORITY", list(PRIORITY))
 
 
 def threading_layer() -> str:

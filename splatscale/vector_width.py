@@ -23,6 +23,8 @@ import platform
 import sys
 from typing import Mapping
 
+from splatscale.numba_config import set_read_option
+
 WITHOUT_PREFERENCE = "-prefer-256-bit"
 CHOSEN = "SPLATSCALE_NUMBA_CPU_FEATURES"  # the NUMBA_CPU_FEATURES splatscale chose
 USERS_TARGET = ("NUMBA_CPU_NAME", "NUMBA_ENABLE_AVX")
@@ -44,10 +46,7 @@ def prefer_full_vectors() -> None:
         os.environ.pop(CHOSEN, None)
     else:
         os.environ["NUMBA_CPU_FEATURES"] = os.environ[CHOSEN] = features
-    config = sys.modules.get("numba.core.config")
-    if config is not None:  # numba was imported first: its configuration is read already
-        # numba makes its options module globals at run time, so its types lack them
-        setattr(config, "CPU_FEATURES", features)
+    set_read_option("CPU_FEATURES", features)
 
 
 def chosen_by_splatscale(environment: Mapping[str, str]) -> bool:

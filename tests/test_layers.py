@@ -12,7 +12,8 @@ import splatscale
 # splatscale module; each device's backend (backends/cpu.py, ...) sits above what it assembles.
 LAYERS = [
     {"errors", "atomic", "messages", "allocator", "threads", "folder_lock", "native",
-     "limits", "parent_death", "vector_width", "cache_home", "kernel_cache", "backends"},
+     "limits", "parent_death", "vector_width", "cache_home", "kernel_cache", "numba_config",
+     "backends"},
     {"data"},
     {"model"},
     {"render"},
