@@ -14,10 +14,10 @@ a kernel is decorated, so this runs when splatscale is imported, and numba kerne
 decorated after it in the same process (a user's own) cache there too. The folder
 travels in NUMBA_CACHE_DIR to the processes splatscale starts (ranks, the compile
 helper); ``CHOSEN`` beside it marks it as splatscale's and ``ROOT`` keeps the user's
-own NUMBA_CACHE_DIR (empty: none), so that a process of other sources (a benchmark's
-older checkout) or on another host names its own folder. Where no folder can be made,
-numba caches where it would have. Folders of other sources that no run has compiled
-into or imported for ``STALE_DAYS`` are removed when a run compiles.
+own NUMBA_CACHE_DIR (empty: none), so that a process of other sources, or on another
+host, names its own folder. Where no folder can be made, numba caches where it would
+have without splatscale. A folder that no splatscale process has imported for
+``STALE_DAYS`` is removed by a run of other sources that compiles.
 """
 
 from __future__ import annotations
@@ -52,28 +52,48 @@ COMMENT = re.compile(r"#[^\n]*")
 
 def key_kernel_cache() -> None:
     """Point numba's cache at the folder of these sources (``folder_for``), made, for
-    every kernel decorated from now on; where it cannot be made, leave numba's own."""
+    every kernel decorated from now on; where it cannot be made, at the user's own
+    NUMBA_CACHE_DIR (none: numba's own choice), not at another sources' folder."""
+    root = _users_root(os.environ)
     try:
         folder = folder_for(os.environ, sources_key(PACKAGE))
         folder.mkdir(parents=True, exist_ok=True)
         os.utime(folder)  # in use: not stale (``remove_stale_folders``)
     except (OSError, RuntimeError, UnicodeDecodeError):  # RuntimeError: no home folder
+        if _chosen(os.environ):
+            for name in (CHOSEN, ROOT):
+                os.environ.pop(name, None)
+            _set_cache_dir(root)
         return
-    user_root = os.environ.get(ROOT, "") if _chosen(os.environ) else os.environ.get(
-        "NUMBA_CACHE_DIR", "")
-    os.environ["NUMBA_CACHE_DIR"] = os.environ[CHOSEN] = str(folder)
-    os.environ[ROOT] = user_root
-    set_read_option("CACHE_DIR", str(folder))
+    _set_cache_dir(str(folder))
+    os.environ[CHOSEN] = str(folder)
+    # absolute: the compile helper starts in another working folder
+    os.environ[ROOT] = str(Path(root).absolute()) if root else ""
+
+
+def _set_cache_dir(folder: str) -> None:
+    """numba's NUMBA_CACHE_DIR, here and in the processes this one starts ("": none)."""
+    if folder:
+        os.environ["NUMBA_CACHE_DIR"] = folder
+    else:
+        os.environ.pop("NUMBA_CACHE_DIR", None)
+    set_read_option("CACHE_DIR", folder)
 
 
 def folder_for(environment: Mapping[str, str], key: str) -> Path:
-    """The cache folder of sources ``key``: under the user's NUMBA_CACHE_DIR (as given
-    to this process, or to the splatscale process that started it), else under the
-    default."""
-    given = environment.get(ROOT, "") if _chosen(environment) else environment.get(
-        "NUMBA_CACHE_DIR", "")
+    """The cache folder of sources ``key``: under the user's NUMBA_CACHE_DIR
+    (``_users_root``), else under the default."""
+    given = _users_root(environment)
     root = Path(given) if given else default_cache_dir(environment) / "kernels"
     return root.absolute() / f"{PREFIX}{key}"
+
+
+def _users_root(environment: Mapping[str, str]) -> str:
+    """The NUMBA_CACHE_DIR the user gave this process, or the splatscale process that
+    started it ("": none; numba reads an empty one as none)."""
+    if _chosen(environment):
+        return environment.get(ROOT, "")
+    return environment.get("NUMBA_CACHE_DIR", "")
 
 
 def _chosen(environment: Mapping[str, str]) -> bool:
@@ -130,7 +150,9 @@ def _module_file(module: str, package: Path) -> Path | None:
     if parts[0] != package.name:
         return None
     base = package.joinpath(*parts[1:])
-    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+    candidates = [base / "__init__.py"] if len(parts) == 1 else [base.with_suffix(".py"),
+                                                                   base / "__init__.py"]
+    for candidate in candidates:
         if candidate.is_file():
             return candidate
     return None

@@ -1,4 +1,5 @@
-"""numba's options as splatscale sets them before numba reads its environment."""
+"""numba's options set where numba has read its environment already (imported before
+splatscale)."""
 
 from __future__ import annotations
 

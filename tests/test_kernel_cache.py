@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import os
+import pkgutil
 import shutil
 import subprocess
 import sys
@@ -95,12 +96,14 @@ def test_the_imports_read_as_text_are_those_python_parses():
 
 
 def test_every_kernel_is_in_a_module_the_key_reads():
-    importlib.import_module("splatscale.backends.cpu_compile")  # every kernel module
-    sources = {str(path) for path in kernel_sources(PACKAGE)}
-    kernels = [value for name, module in list(sys.modules.items())
-               if name.startswith("splatscale.") for value in vars(module).values()
-               if isinstance(value, CPUDispatcher)]
+    kernels = []
+    for module in pkgutil.walk_packages([str(PACKAGE)], "splatscale."):
+        if module.name.endswith("__main__"):
+            continue
+        namespace = vars(importlib.import_module(module.name))
+        kernels += [value for value in namespace.values() if isinstance(value, CPUDispatcher)]
     assert len(kernels) > 20
+    sources = {str(path) for path in kernel_sources(PACKAGE)}
     for kernel in kernels:
         assert kernel.py_func.__code__.co_filename in sources, kernel
 
@@ -112,6 +115,7 @@ def test_an_editors_lock_file_in_the_package_is_no_module(package_copy):
 
 
 def printed_by(command: str, environment: dict[str, str], cwd: Path | None = None) -> str:
+    """What ``python -c command`` prints, stripped."""
     done = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True,
                           env=environment, cwd=cwd, timeout=HANG_GUARD, check=True)
     return done.stdout.strip()
@@ -141,7 +145,30 @@ def test_where_no_folder_can_be_made_numba_caches_where_it_would_have(tmp_path):
     assert printed_by(show, environment) == str(not_a_folder)
 
 
+def test_a_relative_numba_cache_dir_reaches_children_as_the_same_folder(tmp_path):
+    environment = {**os.environ, "NUMBA_CACHE_DIR": "relative"}
+    environment.pop(CHOSEN, None)
+    show = ("import os, splatscale; print(os.environ['NUMBA_CACHE_DIR'], "
+            f"os.environ[{ROOT!r}])")
+    folder, root = printed_by(show, environment, cwd=tmp_path).split()
+    assert root == str(tmp_path / "relative") and Path(folder).parent == Path(root)
+
+
+def test_a_child_of_other_sources_without_a_folder_leaves_numba_its_own(tmp_path):
+    """Where a process cannot make its folder, it does not cache in its parent's, of
+    other sources: NUMBA_CACHE_DIR is the user's again."""
+    not_a_folder = tmp_path / "file"
+    not_a_folder.write_text("")
+    parents = str(not_a_folder / f"{PREFIX}{'0' * 16}")
+    environment = {**os.environ, "NUMBA_CACHE_DIR": parents, CHOSEN: parents,
+                   ROOT: str(not_a_folder)}
+    show = ("import os, splatscale; print(os.environ['NUMBA_CACHE_DIR'], "
+            f"{CHOSEN!r} in os.environ)")
+    assert printed_by(show, environment).split() == [str(not_a_folder), "False"]
+
+
 def stale(*folders: Path) -> None:
+    """Mark ``folders`` unused for longer than ``STALE_DAYS``."""
     weeks_ago = time.time() - (STALE_DAYS + 1) * 86400
     for folder in folders:
         os.utime(folder, (weeks_ago, weeks_ago))
