@@ -103,17 +103,22 @@ def _chosen(environment: Mapping[str, str]) -> bool:
 
 
 def sources_key(package: Path) -> str:
-    """A hash of ``kernel_sources(package)``: their paths within it and their bytes."""
+    """A hash of ``kernel_sources(package)``: their paths within it and their text."""
     digest = hashlib.sha256()
-    for path in kernel_sources(package):
+    for path, text in _kernel_texts(package).items():
         digest.update(path.relative_to(package).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
+        digest.update(text.encode() + b"\0")
     return digest.hexdigest()[:16]
 
 
 def kernel_sources(package: Path) -> list[Path]:
     """The modules of ``package`` that hold numba code, and the modules of it they import,
     transitively; sorted. Hidden files (an editor's lock, say) are not modules."""
+    return list(_kernel_texts(package))
+
+
+def _kernel_texts(package: Path) -> dict[Path, str]:
+    """``kernel_sources(package)``, in order, and their text, each file read once."""
     texts = {path: path.read_text(encoding="utf-8") for path in package.rglob("[!.]*.py")}
     found: set[Path] = set()
     to_read = [path for path, text in texts.items() if NUMBA_DECORATOR.search(text)]
@@ -122,7 +127,7 @@ def kernel_sources(package: Path) -> list[Path]:
         if path not in found:
             found.add(path)
             to_read.extend(imported_modules(texts[path], package))
-    return sorted(found)
+    return {path: texts[path] for path in sorted(found)}
 
 
 def imported_modules(text: str, package: Path) -> list[Path]:

@@ -115,8 +115,8 @@ def compiling(parts: Iterable[str] | None = None) -> Iterator[Compile]:
     wanted = list(PARTS if parts is None else parts)
     helper = None
     try:
-        helper = _started(wanted) if wanted else None
         if wanted:
+            helper = _started(wanted)
             remove_stale_folders()  # other sources' kernels, unused for weeks
         yield Compile(helper, wanted)
     finally:
